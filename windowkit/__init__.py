@@ -1,0 +1,37 @@
+"""windowkit: sliding windows from time-series stores, fed to TensorFlow/Keras.
+
+Store every row once, store windows as an index table ``(series, start,
+length)``, resolve windows in vectorized batches at read time.
+"""
+
+from windowkit._version import __version__
+from windowkit.convert import convert
+from windowkit.errors import (
+    FormatNotAvailableError,
+    InvalidSpecError,
+    SourceError,
+    SourceNotFoundError,
+    StoreError,
+    StoreExistsError,
+    WindowkitError,
+)
+from windowkit.formats import FORMAT_NAMES, FORMATS
+from windowkit.spec import WindowSpec
+from windowkit.store import Store, open_store
+
+__all__ = [
+    "FORMATS",
+    "FORMAT_NAMES",
+    "FormatNotAvailableError",
+    "InvalidSpecError",
+    "SourceError",
+    "SourceNotFoundError",
+    "Store",
+    "StoreError",
+    "StoreExistsError",
+    "WindowSpec",
+    "WindowkitError",
+    "__version__",
+    "convert",
+    "open_store",
+]

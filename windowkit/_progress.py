@@ -1,0 +1,13 @@
+"""Progress bars on stderr (tqdm), silent when asked or when not a terminal."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tqdm.auto import tqdm
+
+
+def progress_bar(*, total: int, desc: str, enabled: bool, unit: str = "B") -> Any:
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024,
+                disable=not enabled, file=sys.stderr, leave=False, dynamic_ncols=True)

@@ -1,0 +1,191 @@
+"""The conversion pipeline: sources -> rows in a format -> index tables -> manifest.
+
+Everything is written into a temporary sibling directory and renamed into place
+only after the manifest, so an interrupted conversion never leaves a half store
+under the target name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from windowkit._version import __version__
+from windowkit._progress import progress_bar
+from windowkit.errors import InvalidSpecError, StoreError, StoreExistsError
+from windowkit.formats import DataLayout, get_format
+from windowkit.index import IndexWriter, window_starts
+from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
+from windowkit.sources import NpySeries, Series, SourceLike, check_finite, open_sources
+from windowkit.spec import WindowSpec
+from windowkit.stats import RunningStats
+
+if TYPE_CHECKING:
+    from windowkit.store import Store
+
+TARGET_BLOCK_BYTES = 1 << 20  # storage block (chunk) size: small for random access
+READ_BLOCK_BYTES = 8 << 20  # rows read from a source at a time
+
+
+def choose_block_rows(row_bytes: int, spec: WindowSpec) -> int:
+    """Rows per storage block: a power of two near 1 MiB, at least one window span."""
+    rows = max(1, TARGET_BLOCK_BYTES // max(1, row_bytes))
+    rows = 1 << int(round(np.log2(rows)))
+    while rows < spec.span:
+        rows *= 2
+    return rows
+
+
+def _as_spec(window: WindowSpec | int) -> WindowSpec:
+    if isinstance(window, WindowSpec):
+        return window
+    return WindowSpec(length=window)
+
+
+def _fingerprint(series: list[Series]) -> str:
+    """A digest of what the sources are: paths, sizes and times, or shapes."""
+    parts: list[Any] = []
+    for s in series:
+        entry: dict[str, Any] = {"key": s.key, "rows": s.rows, "dtype": str(s.dtype),
+                                 "step_shape": list(s.step_shape)}
+        if isinstance(s, NpySeries):
+            stat = os.stat(s.path)
+            entry.update(path=os.path.abspath(s.path), bytes=stat.st_size,
+                         mtime_ns=stat.st_mtime_ns)
+        parts.append(entry)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _prepare_target(out: Path, overwrite: bool) -> Path:
+    if out.exists() and not out.is_dir():
+        raise StoreExistsError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise StoreExistsError(
+            f"{out}: target exists and is not empty; pass overwrite=True (--overwrite) to replace it"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "zarr",
+            window: WindowSpec | int, compression: str = "zstd", seed: int = 0,
+            overwrite: bool = False, progress: bool = False) -> Store:
+    """Write ``source`` into a new store at ``out`` and return it opened.
+
+    ``window`` is a :class:`WindowSpec` or a window length. Rows are streamed
+    block by block: peak memory does not grow with the source.
+    """
+    from windowkit.store import open_store
+
+    spec = _as_spec(window)
+    storage = get_format(format)
+    if compression not in storage.compressions:
+        raise InvalidSpecError(
+            f"compression {compression!r} is not valid for {format}; "
+            f"expected one of {', '.join(storage.compressions)}"
+        )
+    series = open_sources(source)
+    out = Path(out)
+    tmp = _prepare_target(out, overwrite)
+    try:
+        manifest = _write_store(tmp, series, storage_name=format, spec=spec,
+                                compression=compression, seed=seed, progress=progress)
+        manifest.write(tmp)
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_store(out)
+
+
+def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: WindowSpec,
+                 compression: str, seed: int, progress: bool) -> Manifest:
+    first = series[0]
+    dtype, step_shape = first.dtype, first.step_shape
+    row_bytes = dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
+    rows = np.array([s.rows for s in series], dtype=np.int64)
+    row_offset = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    total_rows = int(rows.sum())
+    layout = DataLayout(dtype=dtype, step_shape=step_shape, total_rows=total_rows,
+                        block_rows=choose_block_rows(row_bytes, spec), window=spec,
+                        compression=compression)
+    data_dir = root / "data"
+    data_dir.mkdir()
+    writer = get_format(storage_name).create_writer(data_dir, layout)
+    stats = RunningStats()
+    read_rows = max(1, READ_BLOCK_BYTES // max(1, row_bytes))
+
+    def checked_blocks(s: Series) -> Iterator[np.ndarray]:
+        for start in range(0, s.rows, read_rows):
+            block = s.read(start, min(s.rows, start + read_rows))
+            check_finite(block, s, start)
+            stats.update(block)
+            bar.update(block.nbytes)
+            yield block
+
+    with progress_bar(total=total_rows * row_bytes, desc="convert", enabled=progress) as bar:
+        for sid, s in enumerate(series):
+            writer.write_series(sid, int(row_offset[sid]), checked_blocks(s))
+        data_info = writer.close()
+
+    (root / "index").mkdir()
+    index_writer = IndexWriter(root / "index" / "train.parquet", spec)
+    windows_per_series = np.zeros(len(series), dtype=np.int64)
+    for sid, s in enumerate(series):
+        starts = window_starts(s.rows, spec)
+        windows_per_series[sid] = len(starts)
+        index_writer.add(sid, starts)
+    index_writer.close()
+
+    pq.write_table(pa.table({
+        "series": pa.array(np.arange(len(series), dtype=np.int32)),
+        "key": pa.array([s.key for s in series], type=pa.string()),
+        "rows": pa.array(rows),
+        "row_offset": pa.array(row_offset),
+        "windows": pa.array(windows_per_series),
+    }), root / "series.parquet")
+
+    columns = [f"f{i}" for i in range(step_shape[0])] if step_shape else None
+    files = sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+        and p.name != MANIFEST_NAME
+    )
+    return Manifest(
+        format=storage_name,
+        dtype=dtype.name,
+        step_shape=step_shape,
+        columns=columns,
+        window=spec,
+        total_rows=total_rows,
+        block_rows=layout.block_rows,
+        splits={"train": {"windows": int(windows_per_series.sum()),
+                          "index": "index/train.parquet"}},
+        series={"count": len(series), "too_short": int((windows_per_series == 0).sum())},
+        data={**data_info, "compression": compression, "raw_bytes": total_rows * row_bytes},
+        normalization=stats.to_dict(),
+        options={"compression": compression, "seed": seed, "windowkit": __version__},
+        source_fingerprint=_fingerprint(series),
+        files=[FileEntry.of(root, f) for f in files],
+    )
+
+

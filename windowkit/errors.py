@@ -1,0 +1,36 @@
+"""Errors raised by windowkit.
+
+Every user mistake becomes a :class:`WindowkitError` whose message is one line
+naming what is wrong and where. Each error also subclasses the matching builtin,
+so callers can catch either (``except ValueError`` works for bad input).
+"""
+
+from __future__ import annotations
+
+
+class WindowkitError(Exception):
+    """Base class for every error windowkit raises on purpose."""
+
+
+class InvalidSpecError(WindowkitError, ValueError):
+    """A parameter (window length, stride, format, ...) is out of range."""
+
+
+class SourceError(WindowkitError, ValueError):
+    """The input series cannot be read or are not usable as time series."""
+
+
+class SourceNotFoundError(SourceError, FileNotFoundError):
+    """A source path does not exist."""
+
+
+class StoreError(WindowkitError, OSError):
+    """A store is missing, incomplete, corrupt or cannot be written."""
+
+
+class StoreExistsError(StoreError, FileExistsError):
+    """The conversion target already exists and is not empty."""
+
+
+class FormatNotAvailableError(InvalidSpecError):
+    """The storage format is known but not implemented in this version."""

@@ -1,0 +1,32 @@
+"""Storage formats behind one writer/reader interface, chosen by name."""
+
+from __future__ import annotations
+
+from windowkit.errors import FormatNotAvailableError, InvalidSpecError
+from windowkit.formats.base import DataLayout, RowReader, RowWriter, StorageFormat
+from windowkit.formats.zarr_rows import ZarrFormat
+
+#: Every format the CLI and API name, in the order they are listed to users.
+FORMAT_NAMES: tuple[str, ...] = ("tfrecord", "zarr", "parquet")
+
+#: The formats this version implements.
+FORMATS: dict[str, StorageFormat] = {"zarr": ZarrFormat()}
+
+
+def get_format(name: str) -> StorageFormat:
+    """The implementation of format ``name``, or a clear error listing valid ones."""
+    if name in FORMATS:
+        return FORMATS[name]
+    if name in FORMAT_NAMES:
+        available = ", ".join(sorted(FORMATS))
+        raise FormatNotAvailableError(
+            f"format {name!r} is not available in this version of windowkit yet; "
+            f"available: {available}"
+        )
+    raise InvalidSpecError(
+        f"{name!r} is not a valid format; valid formats: {', '.join(FORMAT_NAMES)}"
+    )
+
+
+__all__ = ["FORMATS", "FORMAT_NAMES", "DataLayout", "RowReader", "RowWriter",
+           "StorageFormat", "get_format"]

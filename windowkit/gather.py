@@ -1,0 +1,149 @@
+"""Resolve batches of windows from storage blocks with one vectorized gather.
+
+A :class:`BlockPool` keeps decoded storage blocks in one preallocated array.
+Each slot holds a block *plus a halo* of the ``span - 1`` rows that follow it,
+so every window whose start lies in a block is cut from that one slot, whatever
+block or series boundary it crosses. A batch is then one strided fancy index
+(``view[slot_starts]``), with no Python per window.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from windowkit.formats.base import RowReader
+from windowkit.spec import WindowSpec
+
+DEFAULT_CACHE_BYTES = 48 << 20
+
+
+class BlockPool:
+    """A fixed number of slots of decoded blocks, evicted least recently used.
+
+    Slots in use by a gather are pinned and never evicted; a caller that needs
+    a block while every slot is pinned waits until one is released.
+    """
+
+    def __init__(self, reader: RowReader, *, total_rows: int, halo: int,
+                 step_shape: tuple[int, ...], dtype: np.dtype, cache_bytes: int) -> None:
+        self.reader = reader
+        self.block_rows = reader.block_rows
+        self.slot_rows = self.block_rows + halo
+        self.total_rows = total_rows
+        num_blocks = -(-total_rows // self.block_rows)
+        slot_bytes = self.slot_rows * dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
+        self.capacity = int(max(2, min(num_blocks, cache_bytes // max(1, slot_bytes))))
+        self.data = np.zeros((self.capacity * self.slot_rows, *step_shape), dtype=dtype)
+        self._slot_of: OrderedDict[int, int] = OrderedDict()  # block -> slot, LRU first
+        self._pins = np.zeros(self.capacity, dtype=np.int64)
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self._cond = threading.Condition()
+
+    def __getstate__(self) -> dict[str, object]:
+        raise TypeError("a BlockPool holds decoded data and does not pickle; pickle the Store")
+
+    def acquire(self, blocks: np.ndarray) -> np.ndarray:
+        """Pin ``blocks`` (unique ids), loading missing ones; return their slots."""
+        if len(blocks) > self.capacity:
+            raise ValueError(f"{len(blocks)} blocks requested, pool holds {self.capacity}")
+        slots = np.empty(len(blocks), dtype=np.int64)
+        with self._cond:
+            for i, block in enumerate(blocks.tolist()):
+                slot = self._slot_of.get(block)
+                if slot is None:
+                    slot = self._take_slot()
+                    self._load(block, slot)
+                    self._slot_of[block] = slot
+                else:
+                    self._slot_of.move_to_end(block)
+                self._pins[slot] += 1
+                slots[i] = slot
+        return slots
+
+    def release(self, slots: np.ndarray) -> None:
+        with self._cond:
+            np.subtract.at(self._pins, slots, 1)
+            self._cond.notify_all()
+
+    def _take_slot(self) -> int:
+        while True:
+            if self._free:
+                return self._free.pop()
+            for block, slot in self._slot_of.items():
+                if self._pins[slot] == 0:
+                    del self._slot_of[block]
+                    return slot
+            self._cond.wait()
+
+    def _load(self, block: int, slot: int) -> None:
+        start = block * self.block_rows
+        stop = min(self.total_rows, start + self.slot_rows)
+        rows = self.reader.read_rows(start, stop)
+        base = slot * self.slot_rows
+        self.data[base:base + len(rows)] = rows
+
+
+class WindowGather:
+    """Cuts windows (and horizon targets) from a pool, batch by batch."""
+
+    def __init__(self, reader: RowReader, *, spec: WindowSpec, total_rows: int,
+                 step_shape: tuple[int, ...], dtype: np.dtype,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.spec = spec
+        self.pool = BlockPool(reader, total_rows=total_rows, halo=spec.span - 1,
+                              step_shape=step_shape, dtype=dtype, cache_bytes=cache_bytes)
+        data = self.pool.data
+        row_stride = data.strides[0]
+        valid_starts = len(data) - spec.span + 1
+        rate = spec.sampling_rate
+        self._inputs = np.lib.stride_tricks.as_strided(
+            data, shape=(valid_starts, spec.length, *data.shape[1:]),
+            strides=(row_stride, rate * row_stride, *data.strides[1:]), writeable=False)
+        self._targets = None
+        if spec.horizon:
+            self._targets = np.lib.stride_tricks.as_strided(
+                data[spec.length * rate:],
+                shape=(valid_starts, spec.horizon, *data.shape[1:]),
+                strides=(row_stride, rate * row_stride, *data.strides[1:]), writeable=False)
+
+    @property
+    def blocks_per_group(self) -> int:
+        """Blocks whose windows may be mixed at once while the pool still holds
+        two neighbouring groups and the batches in flight."""
+        return max(1, self.pool.capacity // 3)
+
+    def __call__(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows starting at global rows ``starts``: ``(x, y)``, ``y`` None if H=0."""
+        starts = np.asarray(starts, dtype=np.int64)
+        block = starts // self.pool.block_rows
+        unique, inverse = np.unique(block, return_inverse=True)
+        limit = max(1, self.pool.capacity // 2)
+        if len(unique) <= limit:
+            return self._gather(starts, block, unique, inverse)
+        # more blocks than one pass may pin: resolve in groups of blocks
+        x = np.empty((len(starts), *self._inputs.shape[1:]), dtype=self._inputs.dtype)
+        y = None
+        if self._targets is not None:
+            y = np.empty((len(starts), *self._targets.shape[1:]), dtype=self._targets.dtype)
+        for lo in range(0, len(unique), limit):
+            members = np.flatnonzero((inverse >= lo) & (inverse < lo + limit))
+            part_x, part_y = self._gather(starts[members], block[members],
+                                          unique[lo:lo + limit], inverse[members] - lo)
+            x[members] = part_x
+            if y is not None and part_y is not None:
+                y[members] = part_y
+        return x, y
+
+    def _gather(self, starts: np.ndarray, block: np.ndarray, unique: np.ndarray,
+                inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        slots = self.pool.acquire(unique)
+        try:
+            at = slots[inverse] * self.pool.slot_rows + (starts - block * self.pool.block_rows)
+            x = self._inputs[at]
+            y = self._targets[at] if self._targets is not None else None
+        finally:
+            self.pool.release(slots)
+        return x, y

@@ -1,0 +1,198 @@
+"""Window index tables and their compact in-memory form.
+
+On disk a split's windows are a Parquet table ``(series:int32, start:int64,
+length:int32)`` with one row per window (DESIGN §2). In memory a reader never
+holds one entry per window: consecutive windows of a series whose starts step by
+the spec's stride form a *run* ``(series, first, count)``, so memory grows with
+the number of series and gaps, not with the number of windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from windowkit.errors import StoreError
+from windowkit.spec import WindowSpec
+
+INDEX_SCHEMA = pa.schema(
+    [("series", pa.int32()), ("start", pa.int64()), ("length", pa.int32())]
+)
+_INDEX_ROW_GROUP = 1 << 20
+
+
+def window_starts(rows: int, spec: WindowSpec) -> np.ndarray:
+    """Series-local start rows of every window of a series of ``rows`` rows."""
+    return np.arange(0, max(0, rows - (spec.steps - 1) * spec.sampling_rate), spec.stride,
+                     dtype=np.int64)
+
+
+def window_row_offsets(spec: WindowSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Row offsets from a window's start: ``(inputs [L], targets [H])``."""
+    steps = np.arange(spec.steps, dtype=np.int64) * spec.sampling_rate
+    return steps[: spec.length], steps[spec.length:]
+
+
+class IndexWriter:
+    """Streams one split's window index table to Parquet in bounded memory."""
+
+    def __init__(self, path: Path, spec: WindowSpec) -> None:
+        self._path = path
+        self._spec = spec
+        self._pending: list[tuple[int, np.ndarray]] = []
+        self._pending_rows = 0
+        self._writer = pq.ParquetWriter(
+            path, INDEX_SCHEMA, compression="zstd", use_dictionary=["series"],
+            column_encoding={"start": "DELTA_BINARY_PACKED", "length": "DELTA_BINARY_PACKED"},
+            write_statistics=True,
+        )
+        self.windows = 0
+
+    def add(self, series_id: int, starts: np.ndarray) -> None:
+        """Append the windows of one series (starts ascending)."""
+        if len(starts) == 0:
+            return
+        self._pending.append((series_id, starts))
+        self._pending_rows += len(starts)
+        self.windows += len(starts)
+        if self._pending_rows >= _INDEX_ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        series = np.concatenate(
+            [np.full(len(s), sid, dtype=np.int32) for sid, s in self._pending]
+        )
+        starts = np.concatenate([s for _, s in self._pending])
+        lengths = np.full(len(starts), self._spec.length, dtype=np.int32)
+        table = pa.Table.from_arrays(
+            [pa.array(series), pa.array(starts), pa.array(lengths)], schema=INDEX_SCHEMA
+        )
+        self._writer.write_table(table, row_group_size=_INDEX_ROW_GROUP)
+        self._pending, self._pending_rows = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+
+def iter_index(path: Path, batch_rows: int = _INDEX_ROW_GROUP) -> Iterator[pa.RecordBatch]:
+    """Stream an index table in record batches (never the whole table)."""
+    try:
+        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise StoreError(f"{path}: cannot read window index table ({exc})") from None
+
+
+@dataclass(frozen=True)
+class WindowRuns:
+    """A split's windows as runs of equally spaced starts, in index order.
+
+    Run ``i`` holds ``count[i]`` windows of series ``series[i]`` starting at
+    series-local rows ``first[i] + k * stride``. ``row_offset[s]`` is the global
+    row of series ``s``'s first row in the store's data.
+    """
+
+    series: np.ndarray  # int32 [runs]
+    first: np.ndarray  # int64 [runs]
+    count: np.ndarray  # int64 [runs]
+    stride: int
+    row_offset: np.ndarray  # int64 [num_series]
+
+    @property
+    def cumulative(self) -> np.ndarray:
+        """Position in the index of each run's first window, plus the total."""
+        return np.concatenate([[0], np.cumsum(self.count)])
+
+    @property
+    def total(self) -> int:
+        return int(self.count.sum())
+
+    @property
+    def global_first(self) -> np.ndarray:
+        return self.row_offset[self.series] + self.first
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(series, series-local start)`` of windows at index ``positions``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        total = self.total
+        if positions.size and (positions.min() < 0 or positions.max() >= total):
+            bad = positions[(positions < 0) | (positions >= total)][0]
+            raise IndexError(f"window position {bad} is out of range for {total} windows")
+        cumulative = self.cumulative
+        run = np.searchsorted(cumulative, positions, side="right") - 1
+        start = self.first[run] + (positions - cumulative[run]) * self.stride
+        return self.series[run], start
+
+    def global_starts(self, positions: np.ndarray) -> np.ndarray:
+        """Global data rows where the windows at index ``positions`` start."""
+        series, start = self.locate(positions)
+        return self.row_offset[series] + start
+
+    def starts_between(self, low: int, high: int) -> np.ndarray:
+        """Global starts ``g`` with ``low <= g < high``, ascending, vectorized."""
+        gfirst = self.global_first
+        glast = gfirst + (self.count - 1) * self.stride
+        lo = np.searchsorted(glast, low, side="left")
+        hi = np.searchsorted(gfirst, high, side="left")
+        if hi <= lo:
+            return np.empty(0, dtype=np.int64)
+        first = gfirst[lo:hi]
+        count = self.count[lo:hi]
+        k_lo = np.clip(-((first - low) // self.stride), 0, count)
+        k_hi = np.clip(-((first - high) // self.stride), 0, count)
+        n = k_hi - k_lo
+        total = int(n.sum())
+        run_start = np.repeat(first + k_lo * self.stride, n)
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+        return run_start + within * self.stride
+
+    @classmethod
+    def from_index(cls, path: Path, *, stride: int, row_offset: np.ndarray,
+                   series_rows: np.ndarray) -> WindowRuns:
+        """Build runs by streaming an index table, checking its bounds."""
+        runs_series: list[np.ndarray] = []
+        runs_first: list[np.ndarray] = []
+        runs_count: list[np.ndarray] = []
+        prev_series, prev_start = -1, -1
+        for batch in iter_index(path):
+            series = batch.column("series").to_numpy().astype(np.int32, copy=False)
+            start = batch.column("start").to_numpy().astype(np.int64, copy=False)
+            if len(series) == 0:
+                continue
+            _check_bounds(path, series, start, series_rows, prev_series, prev_start)
+            # a run may split at a batch boundary: still correct, still compact
+            new_run = np.ones(len(series), dtype=bool)
+            new_run[1:] = (series[1:] != series[:-1]) | (np.diff(start) != stride)
+            heads = np.flatnonzero(new_run)
+            ends = np.append(heads[1:], len(series))
+            runs_series.append(series[heads])
+            runs_first.append(start[heads])
+            runs_count.append((ends - heads).astype(np.int64))
+            prev_series, prev_start = int(series[-1]), int(start[-1])
+        if not runs_series:
+            empty = np.empty(0, dtype=np.int64)
+            return cls(empty.astype(np.int32), empty, empty, stride, row_offset)
+        return cls(
+            np.concatenate(runs_series), np.concatenate(runs_first),
+            np.concatenate(runs_count), stride, row_offset,
+        )
+
+
+def _check_bounds(path: Path, series: np.ndarray, start: np.ndarray, series_rows: np.ndarray,
+                  prev_series: int, prev_start: int) -> None:
+    if series.min() < 0 or series.max() >= len(series_rows):
+        raise StoreError(f"{path}: index names a series that the store does not have")
+    if start.min() < 0 or (start >= series_rows[series]).any():
+        raise StoreError(f"{path}: index holds a window start outside its series")
+    all_series = np.concatenate([[prev_series], series])
+    all_start = np.concatenate([[prev_start], start])
+    step_series, step_start = np.diff(all_series), np.diff(all_start)
+    if not ((step_series > 0) | ((step_series == 0) & (step_start > 0))).all():
+        raise StoreError(f"{path}: index is not sorted by (series, start)")

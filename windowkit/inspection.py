@@ -1,0 +1,69 @@
+"""What ``windowkit inspect`` reports about a store."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from windowkit.store import open_store
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover
+
+
+def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A plain-dict summary of the store at ``path``."""
+    store = open_store(path)
+    m = store.manifest
+    data_bytes = sum(f.bytes for f in m.files if f.path.startswith("data/"))
+    total_bytes = sum(f.bytes for f in m.files)
+    row_bytes = store.dtype.itemsize
+    for dim in m.step_shape:
+        row_bytes *= dim
+    return {
+        "path": str(store.path),
+        "format": m.format,
+        "dtype": m.dtype,
+        "step_shape": list(m.step_shape),
+        "columns": m.columns,
+        "window": m.window.to_dict(),
+        "series": m.series["count"],
+        "too_short_series": m.series["too_short"],
+        "rows": m.total_rows,
+        "splits": {name: split["windows"] for name, split in m.splits.items()},
+        "block_rows": m.block_rows,
+        "block_bytes": m.block_rows * row_bytes,
+        "compression": m.data.get("compression"),
+        "raw_bytes": m.data.get("raw_bytes"),
+        "data_bytes_on_disk": data_bytes,
+        "store_bytes_on_disk": total_bytes,
+        "files": len(m.files),
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The summary as aligned text lines."""
+    window = summary["window"]
+    raw, on_disk = summary["raw_bytes"], summary["data_bytes_on_disk"]
+    ratio = f" ({on_disk / raw:.2f}x raw)" if raw else ""
+    lines = [
+        ("store", summary["path"]),
+        ("format", summary["format"]),
+        ("dtype", summary["dtype"]),
+        ("step shape", str(tuple(summary["step_shape"]))),
+        ("window", ", ".join(f"{k}={v}" for k, v in window.items())),
+        ("series", f"{summary['series']} ({summary['too_short_series']} too short for a window)"),
+        ("rows", f"{summary['rows']:,}"),
+        *[(f"windows [{name}]", f"{count:,}") for name, count in summary["splits"].items()],
+        ("blocks", f"{summary['block_rows']:,} rows ({_human(summary['block_bytes'])}) per chunk"),
+        ("compression", str(summary["compression"])),
+        ("data on disk", f"{_human(on_disk)} vs {_human(raw)} raw{ratio}"),
+        ("store on disk", f"{_human(summary['store_bytes_on_disk'])} in {summary['files']} files"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)

@@ -1,0 +1,249 @@
+"""Input series: the readers that turn user sources into :class:`Series`.
+
+A source is a ``.npy`` path (memory-mapped header, rows read block by block,
+never the whole file), a glob or list of ``.npy`` paths (one series each), or a
+list/dict of arrays. Every series is read in row blocks so that conversion
+memory does not grow with the source.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Union
+
+import numpy as np
+
+from windowkit.errors import SourceError, SourceNotFoundError
+
+SourceLike = Union[str, os.PathLike, np.ndarray, Sequence[Any], Mapping[str, Any]]
+
+_GLOB_CHARS = set("*?[")
+
+
+class Series(Protocol):
+    """One time series: ``rows`` steps of shape ``step_shape``."""
+
+    key: str
+    rows: int
+    dtype: np.dtype
+    step_shape: tuple[int, ...]
+    where: str  # how error messages name this series (a path or "series 'k'")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a C-contiguous little-endian array."""
+        ...
+
+
+def _native(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+def check_dtype(dtype: np.dtype, where: str) -> np.dtype:
+    """Accept numeric dtypes only: floats, signed and unsigned ints, bool."""
+    if dtype.kind not in "fiub" or dtype.fields is not None:
+        raise SourceError(
+            f"{where}: dtype {dtype} is not supported; expected a real numeric dtype "
+            "(float16/32/64, int, uint or bool)"
+        )
+    return _native(dtype)
+
+
+@dataclass
+class NpySeries:
+    """A series stored in a ``.npy`` file, read by byte range (no full load)."""
+
+    path: str
+    key: str
+    rows: int
+    dtype: np.dtype
+    step_shape: tuple[int, ...]
+    data_offset: int
+    fortran_order: bool
+    file_dtype: np.dtype  # as stored, possibly big-endian
+
+    @property
+    def where(self) -> str:
+        return self.path
+
+    @classmethod
+    def open(cls, path: str) -> NpySeries:
+        if not os.path.exists(path):
+            raise SourceNotFoundError(f"{path}: no such file")
+        if os.path.isdir(path):
+            raise SourceError(f"{path}: is a directory, expected a .npy file")
+        with open(path, "rb") as fh:
+            if fh.read(6) != b"\x93NUMPY":
+                raise SourceError(f"{path}: not a .npy file (no NumPy header)")
+        try:
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:
+            message = str(exc)
+            if "Python objects" in message:
+                raise SourceError(
+                    f"{path}: dtype object is not supported; expected a real numeric dtype"
+                ) from None
+            if "larger than" in message or "greater than" in message or "shape" in message:
+                raise SourceError(f"{path}: truncated or damaged .npy file ({message})") from None
+            raise SourceError(f"{path}: not a readable .npy file ({message})") from None
+        except (OSError, SyntaxError, EOFError) as exc:
+            raise SourceError(f"{path}: not a readable .npy file ({exc})") from None
+        if not isinstance(mapped, np.memmap):
+            raise SourceError(f"{path}: not a .npy array file")
+        shape, file_dtype, data_offset = mapped.shape, mapped.dtype, mapped.offset
+        fortran_order = bool(mapped.flags.f_contiguous and not mapped.flags.c_contiguous)
+        del mapped  # only the header was needed: rows are read by byte range
+        dtype = check_dtype(file_dtype, path)
+        if len(shape) == 0:
+            raise SourceError(f"{path}: holds a scalar, expected an array of rows")
+        return cls(
+            path=path,
+            key=Path(path).stem,
+            rows=int(shape[0]),
+            dtype=dtype,
+            step_shape=tuple(int(d) for d in shape[1:]),
+            data_offset=data_offset,
+            fortran_order=bool(fortran_order),
+            file_dtype=file_dtype,
+        )
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self.fortran_order:
+            mm = np.load(self.path, mmap_mode="r")
+            return np.ascontiguousarray(mm[start:stop], dtype=self.dtype)
+        step_items = int(np.prod(self.step_shape, dtype=np.int64))
+        count = (stop - start) * step_items
+        offset = self.data_offset + start * step_items * self.file_dtype.itemsize
+        block = np.fromfile(self.path, dtype=self.file_dtype, count=count, offset=offset)
+        if block.size != count:
+            raise SourceError(f"{self.path}: file ended early while reading rows {start}..{stop}")
+        return block.reshape((stop - start, *self.step_shape)).astype(self.dtype, copy=False)
+
+
+@dataclass
+class ArraySeries:
+    """A series held by the caller as an array (or array-like memmap)."""
+
+    key: str
+    array: Any
+
+    def __post_init__(self) -> None:
+        where = self.where
+        if not hasattr(self.array, "shape") or not hasattr(self.array, "dtype"):
+            try:
+                self.array = np.asarray(self.array)
+            except (ValueError, TypeError) as exc:
+                raise SourceError(f"{where}: cannot be read as an array ({exc})") from None
+        if len(self.array.shape) == 0:
+            raise SourceError(f"{where}: is a scalar, expected an array of rows")
+        self.dtype = check_dtype(np.dtype(self.array.dtype), where)
+
+    @property
+    def where(self) -> str:
+        return f"series {self.key!r}"
+
+    @property
+    def rows(self) -> int:
+        return int(self.array.shape[0])
+
+    @property
+    def step_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.array.shape[1:])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return np.ascontiguousarray(self.array[start:stop], dtype=self.dtype)
+
+
+def _expand_path(path: str) -> list[str]:
+    if any(ch in _GLOB_CHARS for ch in path):
+        matches = sorted(globlib.glob(path))
+        if not matches:
+            raise SourceNotFoundError(f"{path}: no file matches this pattern")
+        return matches
+    return [path]
+
+
+def _open_path(path: str) -> Series:
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npy":
+        return NpySeries.open(path)
+    if not os.path.exists(path):
+        raise SourceNotFoundError(f"{path}: no such file")
+    raise SourceError(
+        f"{path}: unsupported source type {suffix or '(no extension)'!r}; expected .npy"
+    )
+
+
+def open_sources(source: SourceLike) -> list[Series]:
+    """Resolve any supported source into a list of series, checked for consistency."""
+    series: list[Series]
+    if isinstance(source, (str, os.PathLike)):
+        series = [_open_path(p) for p in _expand_path(os.fspath(source))]
+    elif isinstance(source, np.ndarray):
+        series = [ArraySeries("0", source)]
+    elif isinstance(source, Mapping):
+        series = [ArraySeries(str(k), v) for k, v in source.items()]
+    elif isinstance(source, Sequence):
+        items = list(source)
+        if items and all(isinstance(s, (str, os.PathLike)) for s in items):
+            paths = [p for s in items for p in _expand_path(os.fspath(s))]
+            series = [_open_path(p) for p in paths]
+        else:
+            series = [ArraySeries(str(i), a) for i, a in enumerate(items)]
+    else:
+        raise SourceError(
+            f"unsupported source of type {type(source).__name__}; expected a .npy path, "
+            "a glob or list of paths, an array, or a list/dict of arrays"
+        )
+    return _check_consistent(series)
+
+
+def _check_consistent(series: list[Series]) -> list[Series]:
+    if not series:
+        raise SourceError("the source holds no series")
+    first = series[0]
+    keys: set[str] = set()
+    for s in series:
+        if s.key in keys:
+            raise SourceError(f"{s.where}: series key {s.key!r} appears twice")
+        keys.add(s.key)
+        if s.rows == 0:
+            raise SourceError(f"{s.where}: series is empty (0 rows)")
+        if s.dtype != first.dtype:
+            raise SourceError(
+                f"{s.where}: dtype {s.dtype} differs from {first.where} ({first.dtype}); "
+                "every series of a store must share one dtype"
+            )
+        if s.step_shape != first.step_shape:
+            raise SourceError(
+                f"{s.where}: step shape {s.step_shape} differs from {first.where} "
+                f"({first.step_shape}); every series of a store must share one step shape"
+            )
+    return series
+
+
+def iter_blocks(series: Series, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield ``(first_row, rows)`` blocks of at most ``block_rows`` rows."""
+    for start in range(0, series.rows, block_rows):
+        stop = min(series.rows, start + block_rows)
+        yield start, series.read(start, stop)
+
+
+def check_finite(block: np.ndarray, series: Series, first_row: int) -> None:
+    """Raise naming series, row and column if ``block`` holds NaN or infinity."""
+    if block.dtype.kind != "f":
+        return
+    finite = np.isfinite(block)
+    if finite.all():
+        return
+    bad = np.argwhere(~finite)[0]
+    row = first_row + int(bad[0])
+    column = ", ".join(str(int(i)) for i in bad[1:]) or "0"
+    value = block[tuple(bad)]
+    raise SourceError(
+        f"{series.where}: row {row}, column {column} is {value}; missing or infinite "
+        "values are not allowed"
+    )

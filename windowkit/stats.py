@@ -1,0 +1,80 @@
+"""Per-column statistics accumulated in float64 while streaming rows.
+
+A *column* is an entry of the first step axis: a feature of a vector step
+``[F]``, a channel of a ``[C, H, W]`` frame, or the single value of a scalar step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _per_column(block: np.ndarray) -> np.ndarray:
+    """View ``block`` as ``[values, columns]``."""
+    if block.ndim == 1:
+        return block.reshape(-1, 1)
+    moved = np.moveaxis(block, 1, -1)
+    return moved.reshape(-1, block.shape[1])
+
+
+class RunningStats:
+    """Mean, std, min and max per column, merged block by block (Chan et al.)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean: np.ndarray | None = None
+        self.m2: np.ndarray | None = None
+        self.min: np.ndarray | None = None
+        self.max: np.ndarray | None = None
+
+    def update(self, block: np.ndarray) -> None:
+        values = _per_column(block).astype(np.float64)
+        n = values.shape[0]
+        if n == 0:
+            return
+        mean = values.mean(axis=0)
+        m2 = ((values - mean) ** 2).sum(axis=0)
+        lo, hi = values.min(axis=0), values.max(axis=0)
+        if self.mean is None or self.m2 is None or self.min is None or self.max is None:
+            self.count, self.mean, self.m2, self.min, self.max = n, mean, m2, lo, hi
+            return
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
+        self.min, self.max = np.minimum(self.min, lo), np.maximum(self.max, hi)
+        self.count = total
+
+    def to_dict(self) -> dict[str, Any] | None:
+        if self.mean is None or self.m2 is None or self.min is None or self.max is None:
+            return None
+        std = np.sqrt(self.m2 / self.count)
+        return {
+            "count": self.count,
+            "mean": self.mean.tolist(),
+            "std": std.tolist(),
+            "min": self.min.tolist(),
+            "max": self.max.tolist(),
+        }
+
+
+class Normalizer:
+    """Applies ``(x - mean) / std`` per column; a constant column only shifts."""
+
+    def __init__(self, stats: dict[str, Any], *, step_shape: tuple[int, ...],
+                 dtype: np.dtype) -> None:
+        self.dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        shape = (-1,) + (1,) * (len(step_shape) - 1) if step_shape else ()
+        mean = np.asarray(stats["mean"], dtype=np.float64)
+        std = np.asarray(stats["std"], dtype=np.float64)
+        std = np.where(std > 0, std, 1.0)
+        self.mean = mean.reshape(shape).astype(self.dtype)
+        self.scale = (1.0 / std).reshape(shape).astype(self.dtype)
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        out = values.astype(self.dtype)
+        out -= self.mean
+        out *= self.scale
+        return out

@@ -1,0 +1,165 @@
+"""An opened store: metadata, window index, random access and readers."""
+
+from __future__ import annotations
+
+import os
+import threading
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from windowkit.errors import InvalidSpecError, StoreError
+from windowkit.formats import RowReader, get_format
+from windowkit.gather import DEFAULT_CACHE_BYTES, WindowGather
+from windowkit.index import WindowRuns, iter_index
+from windowkit.manifest import Manifest
+from windowkit.spec import WindowSpec
+from windowkit.stats import Normalizer
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+Windows = np.ndarray | tuple[np.ndarray, np.ndarray]
+
+
+def open_store(path: str | os.PathLike[str]) -> Store:
+    """Open a store of any format written by :func:`windowkit.convert`."""
+    return Store(Path(path))
+
+
+class Store:
+    """A windowkit store on disk. Cheap to open; pickles (no open handles)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.manifest = Manifest.read(self.path)
+        self._lock = threading.Lock()
+        self._runs: dict[str, WindowRuns] = {}
+        self._gather: WindowGather | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"<windowkit.Store {str(self.path)!r} format={m.format} dtype={m.dtype} "
+                f"step_shape={m.step_shape} splits={self.splits}>")
+
+    # -- metadata ---------------------------------------------------------------------
+    @property
+    def info(self) -> dict[str, Any]:
+        """The manifest as a plain dict."""
+        return self.manifest.to_dict()
+
+    @property
+    def spec(self) -> WindowSpec:
+        return self.manifest.window
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.manifest.dtype)
+
+    @property
+    def step_shape(self) -> tuple[int, ...]:
+        return self.manifest.step_shape
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.manifest.splits)
+
+    def _split(self, split: str) -> dict[str, Any]:
+        if split not in self.manifest.splits:
+            raise InvalidSpecError(
+                f"split {split!r} is not in store {self.path}; splits: {', '.join(self.splits)}"
+            )
+        return self.manifest.splits[split]
+
+    def num_windows(self, split: str = "train") -> int:
+        return int(self._split(split)["windows"])
+
+    @cached_property
+    def series_table(self) -> Any:
+        """``series.parquet`` as a pyarrow Table (one row per series)."""
+        try:
+            return pq.read_table(self.path / "series.parquet")
+        except OSError as exc:
+            raise StoreError(f"{self.path / 'series.parquet'}: cannot read ({exc})") from None
+
+    # -- the window index -------------------------------------------------------------
+    def index(self, split: str = "train") -> np.ndarray:
+        """The split's window index table as an ``[n, 3]`` int64 array
+        ``(series, start, length)``. This loads one entry per window."""
+        path = self.path / self._split(split)["index"]
+        parts = [np.column_stack([b.column(i).to_numpy() for i in range(3)]).astype(np.int64)
+                 for b in iter_index(path)]
+        return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
+
+    def runs(self, split: str = "train") -> WindowRuns:
+        """The split's windows in compact form (memory grows with series, not windows)."""
+        with self._lock:
+            if split not in self._runs:
+                table = self.series_table
+                self._runs[split] = WindowRuns.from_index(
+                    self.path / self._split(split)["index"], stride=self.spec.stride,
+                    row_offset=table.column("row_offset").to_numpy(),
+                    series_rows=table.column("rows").to_numpy(),
+                )
+                if self._runs[split].total != self.num_windows(split):
+                    raise StoreError(
+                        f"{self.path}: index of split {split!r} holds "
+                        f"{self._runs[split].total} windows, manifest says "
+                        f"{self.num_windows(split)}"
+                    )
+            return self._runs[split]
+
+    # -- reading windows --------------------------------------------------------------
+    def row_reader(self) -> RowReader:
+        m = self.manifest
+        return get_format(m.format).open_reader(
+            self.path / "data", m.data, dtype=self.dtype, step_shape=self.step_shape,
+            total_rows=m.total_rows)
+
+    def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
+        """A new gatherer with its own block cache of ``cache_bytes``."""
+        return WindowGather(self.row_reader(), spec=self.spec, total_rows=self.manifest.total_rows,
+                            step_shape=self.step_shape, dtype=self.dtype,
+                            cache_bytes=cache_bytes)
+
+    def normalizer(self) -> Normalizer:
+        stats = self.manifest.normalization
+        if stats is None:
+            raise StoreError(f"{self.path}: store has no normalization statistics")
+        return Normalizer(stats, step_shape=self.step_shape, dtype=self.dtype)
+
+    def windows(self, split: str, positions: Any, *, normalize: bool = False) -> Windows:
+        """Windows at ``positions`` of the split's index (random access): ``x`` or,
+        with a horizon, ``(x, y)``."""
+        self._split(split)
+        starts = self.runs(split).global_starts(np.asarray(positions, dtype=np.int64).ravel())
+        with self._lock:
+            if self._gather is None:
+                self._gather = self.window_gather()
+            gather = self._gather
+        x, y = gather(starts)
+        if normalize:
+            norm = self.normalizer()
+            x = norm(x)
+            y = norm(y) if y is not None else None
+        return x if y is None else (x, y)
+
+    def tf_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,
+                   seed: int = 0, drop_remainder: bool = False, normalize: bool = False,
+                   shuffle_blocks: int | None = None,
+                   cache_bytes: int = DEFAULT_CACHE_BYTES) -> tf.data.Dataset:
+        """A ``tf.data.Dataset`` of batches of windows (see :mod:`windowkit.tf_data`)."""
+        from windowkit.tf_data import make_tf_dataset
+
+        return make_tf_dataset(self, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                               drop_remainder=drop_remainder, normalize=normalize,
+                               shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes)

@@ -1,0 +1,77 @@
+"""The ``tf.data`` reader for random-access stores (DESIGN §5).
+
+``from_generator`` yields only index batches (the global start rows of a
+batch's windows); a parallel ``map`` of a ``py_function`` resolves each batch
+with one vectorized gather over a shared block cache; shapes are restored with
+``ensure_shape``; the cardinality is asserted; batches are prefetched.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from windowkit.errors import InvalidSpecError
+from windowkit.order import epoch_batches, num_batches
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from windowkit.store import Store
+
+
+def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool, seed: int,
+                    drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
+                    cache_bytes: int) -> tf.data.Dataset:
+    import tensorflow as tf
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if shuffle_blocks is not None and shuffle_blocks < 1:
+        raise InvalidSpecError(f"shuffle_blocks must be >= 1 or None, got {shuffle_blocks!r}")
+    runs = store.runs(split)
+    gather = store.window_gather(cache_bytes)
+    group = gather.blocks_per_group if shuffle_blocks is None else shuffle_blocks
+    if group > gather.blocks_per_group:
+        raise InvalidSpecError(
+            f"shuffle_blocks={group} needs a larger cache: cache_bytes={cache_bytes} holds "
+            f"{gather.blocks_per_group} groupable blocks"
+        )
+    spec = store.spec
+    norm = store.normalizer() if normalize else None
+    out_dtype = tf.as_dtype(norm.dtype if norm is not None else store.dtype)
+    epochs = itertools.count()
+
+    def index_batches() -> Any:
+        yield from epoch_batches(
+            runs, batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=next(epochs),
+            block_rows=gather.pool.block_rows, total_rows=store.manifest.total_rows,
+            blocks_per_group=group, drop_remainder=drop_remainder)
+
+    def resolve(starts: tf.Tensor) -> list[np.ndarray]:
+        x, y = gather(starts.numpy())
+        if norm is not None:
+            x = norm(x)
+            y = norm(y) if y is not None else None
+        return [x] if y is None else [x, y]
+
+    outputs = [out_dtype] if spec.horizon == 0 else [out_dtype, out_dtype]
+    batch_dim = batch_size if drop_remainder else None
+    x_shape = (batch_dim, spec.length, *store.step_shape)
+    y_shape = (batch_dim, spec.horizon, *store.step_shape)
+
+    def resolve_batch(starts: tf.Tensor) -> Any:
+        tensors = tf.py_function(resolve, [starts], outputs)
+        x = tf.ensure_shape(tensors[0], x_shape)
+        if spec.horizon == 0:
+            return x
+        return x, tf.ensure_shape(tensors[1], y_shape)
+
+    ds = tf.data.Dataset.from_generator(
+        index_batches, output_signature=tf.TensorSpec(shape=(None,), dtype=tf.int64))
+    ds = ds.map(resolve_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(
+        num_batches(runs.total, batch_size, drop_remainder)))
+    return ds.prefetch(tf.data.AUTOTUNE)
