@@ -52,12 +52,14 @@ def main() -> None:
 @click.option("--compression", default="zstd", show_default=True,
               type=click.Choice(["zstd", "gzip", "none"]))
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed recorded for splits.")
+@click.option("--block-rows", type=int, default=None,
+              help="Rows per storage block (chunk); default: a power of two near 1 MiB.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
 def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: int,
-            sampling_rate: int, horizon: int, compression: str, seed: int, overwrite: bool,
-            quiet: bool) -> None:
+            sampling_rate: int, horizon: int, compression: str, seed: int,
+            block_rows: int | None, overwrite: bool, quiet: bool) -> None:
     """Convert SOURCES (.npy files or globs, one series each) into a store."""
     from windowkit.convert import convert as run_convert
     from windowkit.spec import WindowSpec
@@ -65,7 +67,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     spec = WindowSpec(length=length, stride=stride, sampling_rate=sampling_rate, horizon=horizon)
     source: Any = sources[0] if len(sources) == 1 else list(sources)
     store = run_convert(source, out, format=fmt, window=spec, compression=compression,
-                        seed=seed, overwrite=overwrite, progress=not quiet)
+                        seed=seed, block_rows=block_rows, overwrite=overwrite,
+                        progress=not quiet)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "

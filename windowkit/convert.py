@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from windowkit._version import __version__
 from windowkit._progress import progress_bar
-from windowkit.errors import InvalidSpecError, StoreError, StoreExistsError
+from windowkit._version import __version__
+from windowkit.errors import InvalidSpecError, StoreExistsError
 from windowkit.formats import DataLayout, get_format
 from windowkit.index import IndexWriter, window_starts
 from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
@@ -40,7 +40,7 @@ READ_BLOCK_BYTES = 8 << 20  # rows read from a source at a time
 def choose_block_rows(row_bytes: int, spec: WindowSpec) -> int:
     """Rows per storage block: a power of two near 1 MiB, at least one window span."""
     rows = max(1, TARGET_BLOCK_BYTES // max(1, row_bytes))
-    rows = 1 << int(round(np.log2(rows)))
+    rows = 1 << round(np.log2(rows))
     while rows < spec.span:
         rows *= 2
     return rows
@@ -71,7 +71,8 @@ def _prepare_target(out: Path, overwrite: bool) -> Path:
         raise StoreExistsError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise StoreExistsError(
-            f"{out}: target exists and is not empty; pass overwrite=True (--overwrite) to replace it"
+            f"{out}: target exists and is not empty; "
+            "pass overwrite=True (--overwrite) to replace it"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -89,11 +90,14 @@ def _publish(tmp: Path, out: Path) -> None:
 
 def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "zarr",
             window: WindowSpec | int, compression: str = "zstd", seed: int = 0,
-            overwrite: bool = False, progress: bool = False) -> Store:
+            block_rows: int | None = None, overwrite: bool = False,
+            progress: bool = False) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
-    ``window`` is a :class:`WindowSpec` or a window length. Rows are streamed
-    block by block: peak memory does not grow with the source.
+    ``window`` is a :class:`WindowSpec` or a window length. ``block_rows`` sets
+    the rows per storage block (Zarr chunk); by default a power of two near
+    1 MiB. Rows are streamed block by block: peak memory does not grow with the
+    source.
     """
     from windowkit.store import open_store
 
@@ -104,12 +108,16 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             f"compression {compression!r} is not valid for {format}; "
             f"expected one of {', '.join(storage.compressions)}"
         )
+    if block_rows is not None and (isinstance(block_rows, bool) or not isinstance(block_rows, int)
+                                   or block_rows < 1):
+        raise InvalidSpecError(f"block rows must be an integer >= 1, got {block_rows!r}")
     series = open_sources(source)
     out = Path(out)
     tmp = _prepare_target(out, overwrite)
     try:
         manifest = _write_store(tmp, series, storage_name=format, spec=spec,
-                                compression=compression, seed=seed, progress=progress)
+                                compression=compression, seed=seed, block_rows=block_rows,
+                                progress=progress)
         manifest.write(tmp)
         _publish(tmp, out)
     except BaseException:
@@ -119,7 +127,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
 
 
 def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: WindowSpec,
-                 compression: str, seed: int, progress: bool) -> Manifest:
+                 compression: str, seed: int, block_rows: int | None,
+                 progress: bool) -> Manifest:
     first = series[0]
     dtype, step_shape = first.dtype, first.step_shape
     row_bytes = dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
@@ -127,7 +136,7 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
     row_offset = np.concatenate([[0], np.cumsum(rows)[:-1]])
     total_rows = int(rows.sum())
     layout = DataLayout(dtype=dtype, step_shape=step_shape, total_rows=total_rows,
-                        block_rows=choose_block_rows(row_bytes, spec), window=spec,
+                        block_rows=block_rows or choose_block_rows(row_bytes, spec), window=spec,
                         compression=compression)
     data_dir = root / "data"
     data_dir.mkdir()
@@ -183,7 +192,8 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
         series={"count": len(series), "too_short": int((windows_per_series == 0).sum())},
         data={**data_info, "compression": compression, "raw_bytes": total_rows * row_bytes},
         normalization=stats.to_dict(),
-        options={"compression": compression, "seed": seed, "windowkit": __version__},
+        options={"compression": compression, "seed": seed, "block_rows": block_rows,
+                 "windowkit": __version__},
         source_fingerprint=_fingerprint(series),
         files=[FileEntry.of(root, f) for f in files],
     )

@@ -33,7 +33,7 @@ class BlockPool:
         self.block_rows = reader.block_rows
         self.slot_rows = self.block_rows + halo
         self.total_rows = total_rows
-        num_blocks = -(-total_rows // self.block_rows)
+        self.num_blocks = num_blocks = -(-total_rows // self.block_rows)
         slot_bytes = self.slot_rows * dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
         self.capacity = int(max(2, min(num_blocks, cache_bytes // max(1, slot_bytes))))
         self.data = np.zeros((self.capacity * self.slot_rows, *step_shape), dtype=dtype)
@@ -111,8 +111,11 @@ class WindowGather:
 
     @property
     def blocks_per_group(self) -> int:
-        """Blocks whose windows may be mixed at once while the pool still holds
-        two neighbouring groups and the batches in flight."""
+        """Blocks whose windows are mixed together: every block when the pool
+        holds the whole store, else a third of the pool, so that two neighbouring
+        groups and the batches in flight stay resident."""
+        if self.pool.capacity >= self.pool.num_blocks:
+            return self.pool.num_blocks
         return max(1, self.pool.capacity // 3)
 
     def __call__(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

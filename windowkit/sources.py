@@ -13,13 +13,13 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 import numpy as np
 
 from windowkit.errors import SourceError, SourceNotFoundError
 
-SourceLike = Union[str, os.PathLike, np.ndarray, Sequence[Any], Mapping[str, Any]]
+SourceLike = str | os.PathLike[str] | np.ndarray | Sequence[Any] | Mapping[str, Any]
 
 _GLOB_CHARS = set("*?[")
 
@@ -27,11 +27,22 @@ _GLOB_CHARS = set("*?[")
 class Series(Protocol):
     """One time series: ``rows`` steps of shape ``step_shape``."""
 
-    key: str
-    rows: int
-    dtype: np.dtype
-    step_shape: tuple[int, ...]
-    where: str  # how error messages name this series (a path or "series 'k'")
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def step_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def where(self) -> str:
+        """How error messages name this series: a path, or ``series 'k'``."""
+        ...
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a C-contiguous little-endian array."""

@@ -125,8 +125,8 @@ class ZarrRowReader:
 
 
 class ZarrFormat:
-    name = "zarr"
-    compressions = ("zstd", "gzip", "none")
+    name: str = "zarr"
+    compressions: tuple[str, ...] = ("zstd", "gzip", "none")
 
     def create_writer(self, data_dir: Path, layout: DataLayout) -> ZarrRowWriter:
         return ZarrRowWriter(data_dir, layout)

@@ -1,0 +1,46 @@
+# windowkit — the two commands are `make demo` and `make test`; both set up .venv.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.windowkit-installed
+DEMO   := demo
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: install demo test lint typecheck bench bench-memory fixtures clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO)
+	$(BIN)/windowkit convert fixtures/sensors/*.npy --format zarr --out $(DEMO)/zarr \
+		--window 32 --horizon 4
+	$(BIN)/windowkit inspect $(DEMO)/zarr
+	$(BIN)/python fixtures/demo_train.py $(DEMO)/zarr
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check windowkit tests fixtures
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m windowkit.benchmark throughput
+
+bench-memory: $(STAMP)
+	$(BIN)/python -m windowkit.benchmark memory
+
+fixtures: $(STAMP)
+	$(BIN)/python fixtures/make_fixtures.py
+
+clean:
+	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

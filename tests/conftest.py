@@ -1,0 +1,67 @@
+"""Shared fixtures: the NumPy window oracle and the format parametrization."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import windowkit as wk
+
+settings.register_profile(
+    "windowkit", deadline=None, max_examples=25, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("windowkit")
+
+#: Every format this version implements; a new format joins the shared suite here.
+IMPLEMENTED_FORMATS = sorted(wk.FORMATS)
+
+
+@pytest.fixture(params=IMPLEMENTED_FORMATS)
+def fmt(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def oracle_windows(series: Sequence[np.ndarray], spec: wk.WindowSpec
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every window of every series, in index order, cut one by one (DESIGN §1)."""
+    L, S, R, H = spec.length, spec.stride, spec.sampling_rate, spec.horizon  # noqa: N806
+    xs, ys = [], []
+    for values in series:
+        for r in range(0, len(values) - (L + H - 1) * R, S):
+            xs.append(values[r: r + L * R: R])
+            ys.append(values[r + L * R: r + (L + H) * R: R])
+    step = series[0].shape[1:]
+    dtype = series[0].dtype
+    x = np.stack(xs) if xs else np.empty((0, L, *step), dtype=dtype)
+    if H == 0:
+        return x, None
+    return x, (np.stack(ys) if ys else np.empty((0, H, *step), dtype=dtype))
+
+
+def window_keys(x: np.ndarray, y: np.ndarray | None = None) -> list[bytes]:
+    """One bytes key per window (inputs and targets), to compare epochs as multisets."""
+    flat = x.reshape(len(x), -1)
+    if y is not None:
+        flat = np.concatenate([flat, y.reshape(len(y), -1)], axis=1)
+    return [row.tobytes() for row in np.ascontiguousarray(flat)]
+
+
+def collect_epoch(ds: object) -> tuple[np.ndarray, np.ndarray | None]:
+    """Concatenate every batch of one pass over a tf.data.Dataset."""
+    xs, ys = [], []
+    for batch in ds:  # type: ignore[attr-defined]
+        if isinstance(batch, tuple):
+            xs.append(batch[0].numpy())
+            ys.append(batch[1].numpy())
+        else:
+            xs.append(batch.numpy())
+    x = np.concatenate(xs) if xs else np.empty((0,))
+    return x, (np.concatenate(ys) if ys else None)

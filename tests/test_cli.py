@@ -1,0 +1,99 @@
+"""The command line through click's CliRunner: output, exit codes, nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import windowkit as wk
+from windowkit.cli import main
+
+
+@pytest.fixture
+def npy_dir(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    for name, n in [("a", 400), ("b", 150), ("c", 5)]:
+        np.save(tmp_path / f"{name}.npy", rng.normal(size=(n, 3)).astype(np.float32))
+    return tmp_path
+
+
+def run(*args: str) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_convert_then_inspect(npy_dir: Path, fmt: str) -> None:
+    out = npy_dir / "store"
+    result = run("convert", npy_dir / "*.npy", "--format", fmt, "--out", out, "--window", 16,
+                 "--stride", 2, "--horizon", 1, "--quiet")
+    assert result.exit_code == 0, result.output
+    store = wk.open_store(out)
+    assert store.num_windows("train") == len(range(0, 400 - 16, 2)) + len(range(0, 150 - 16, 2))
+    result = run("inspect", out)
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"^format\s+{fmt}$", result.output, re.M)
+    assert "3 (1 too short for a window)" in result.output
+    assert re.search(r"^windows \[train\]\s+259$", result.output, re.M)
+    result = run("inspect", out, "--json")
+    summary = json.loads(result.output)
+    assert summary["splits"] == {"train": 259}
+    assert summary["rows"] == 555 and summary["too_short_series"] == 1
+    assert summary["window"] == {"length": 16, "stride": 2, "sampling_rate": 1, "horizon": 1}
+    assert summary["raw_bytes"] == 555 * 3 * 4
+
+
+def test_format_choice_lists_all_three() -> None:
+    result = run("convert", "--help")
+    assert "[tfrecord|zarr|parquet]" in result.output
+
+
+@pytest.mark.parametrize("fmt", sorted(set(wk.FORMAT_NAMES) - set(wk.FORMATS)))
+def test_format_not_yet_available_is_one_line(npy_dir: Path, fmt: str) -> None:
+    result = run("convert", npy_dir / "a.npy", "--format", fmt, "--out", npy_dir / "s",
+                 "--window", 4)
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0
+    assert f"format {fmt!r} is not available" in result.output
+    assert not (npy_dir / "s").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing.npy", "--window", "4"], "missing.npy: no such file"),
+    (["a.npy", "--window", "0"], "window length must be an integer >= 1, got 0"),
+    (["a.npy", "--window", "4", "--stride", "0"], "stride must be an integer >= 1, got 0"),
+    (["a.npy", "--window", "4", "--horizon", "-1"], "horizon must be an integer >= 0, got -1"),
+    (["a.npy", "--window", "4", "--sampling-rate", "0"], "sampling rate must be"),
+    (["a.npy", "--window", "4", "--block-rows", "0"], "block rows must be an integer >= 1"),
+])
+def test_bad_input_is_one_clear_line(npy_dir: Path, fmt: str, args: list[str],
+                                     message: str) -> None:
+    args = [str(npy_dir / args[0]), *args[1:]]
+    result = run("convert", *args, "--format", fmt, "--out", npy_dir / "s")
+    assert result.exit_code == 2
+    assert result.output.startswith("windowkit: error: ") and message in result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert not (npy_dir / "s").exists()
+
+
+def test_existing_target_is_refused_then_overwritten(npy_dir: Path, fmt: str) -> None:
+    out = npy_dir / "s"
+    base = ["convert", npy_dir / "a.npy", "--format", fmt, "--out", out, "-q"]
+    assert run(*base, "--window", 4).exit_code == 0
+    result = run(*base, "--window", 8)
+    assert result.exit_code == 2 and "target exists and is not empty" in result.output
+    assert wk.open_store(out).spec.length == 4
+    assert run(*base, "--window", 8, "--overwrite").exit_code == 0
+    assert wk.open_store(out).spec.length == 8
+    assert sorted(p.name for p in npy_dir.iterdir() if p.name.startswith(".")) == []
+
+
+def test_inspect_names_a_missing_store(tmp_path: Path) -> None:
+    result = run("inspect", tmp_path / "nothing")
+    assert result.exit_code == 2 and "no such store" in result.output
+    (tmp_path / "empty").mkdir()
+    result = run("inspect", tmp_path / "empty")
+    assert result.exit_code == 2 and "not a windowkit store (no windowkit.json)" in result.output
