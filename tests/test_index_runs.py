@@ -39,12 +39,12 @@ def test_runs_resolve_like_the_table(tmp_path_factory: pytest.TempPathFactory, d
     offsets = np.concatenate([[0], np.cumsum(rows)[:-1]])
     import windowkit.index as index_module
 
-    original = index_module._INDEX_ROW_GROUP
-    index_module._INDEX_ROW_GROUP = batch_rows  # runs must survive record-batch boundaries
+    original = index_module._RUNS_BATCH
+    index_module._RUNS_BATCH = batch_rows  # runs must survive record-batch boundaries
     try:
         runs = WindowRuns.from_index(path, stride=stride, row_offset=offsets, series_rows=rows)
     finally:
-        index_module._INDEX_ROW_GROUP = original
+        index_module._RUNS_BATCH = original
     global_starts = np.concatenate([offsets[sid] + s for sid, s in tables])
     assert runs.total == len(global_starts)
     np.testing.assert_array_equal(runs.global_starts(np.arange(runs.total)), global_starts)

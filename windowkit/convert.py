@@ -24,7 +24,7 @@ from windowkit._progress import progress_bar
 from windowkit._version import __version__
 from windowkit.errors import InvalidSpecError, StoreExistsError
 from windowkit.formats import DataLayout, get_format
-from windowkit.index import IndexWriter, window_starts
+from windowkit.index import IndexWriter
 from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
 from windowkit.sources import NpySeries, Series, SourceLike, check_finite, open_sources
 from windowkit.spec import WindowSpec
@@ -161,9 +161,7 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
     index_writer = IndexWriter(root / "index" / "train.parquet", spec)
     windows_per_series = np.zeros(len(series), dtype=np.int64)
     for sid, s in enumerate(series):
-        starts = window_starts(s.rows, spec)
-        windows_per_series[sid] = len(starts)
-        index_writer.add(sid, starts)
+        windows_per_series[sid] = index_writer.add_series(sid, s.rows)
     index_writer.close()
 
     pq.write_table(pa.table({

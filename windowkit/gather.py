@@ -17,7 +17,7 @@ import numpy as np
 from windowkit.formats.base import RowReader
 from windowkit.spec import WindowSpec
 
-DEFAULT_CACHE_BYTES = 48 << 20
+DEFAULT_CACHE_BYTES = 24 << 20
 
 
 class BlockPool:

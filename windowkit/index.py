@@ -24,12 +24,17 @@ INDEX_SCHEMA = pa.schema(
     [("series", pa.int32()), ("start", pa.int64()), ("length", pa.int32())]
 )
 _INDEX_ROW_GROUP = 1 << 20
+_RUNS_BATCH = 1 << 16  # small batches keep the temporaries of building runs small
 
 
-def window_starts(rows: int, spec: WindowSpec) -> np.ndarray:
-    """Series-local start rows of every window of a series of ``rows`` rows."""
-    return np.arange(0, max(0, rows - (spec.steps - 1) * spec.sampling_rate), spec.stride,
-                     dtype=np.int64)
+def window_starts(rows: int, spec: WindowSpec, *, first: int = 0,
+                  limit: int | None = None) -> np.ndarray:
+    """Series-local start rows of the windows of a series of ``rows`` rows,
+    from the ``first``-th window on, at most ``limit`` of them."""
+    stop = max(0, rows - (spec.steps - 1) * spec.sampling_rate)
+    begin = first * spec.stride
+    end = stop if limit is None else min(stop, begin + limit * spec.stride)
+    return np.arange(begin, max(begin, end), spec.stride, dtype=np.int64)
 
 
 def window_row_offsets(spec: WindowSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -52,6 +57,15 @@ class IndexWriter:
             write_statistics=True,
         )
         self.windows = 0
+
+    def add_series(self, series_id: int, rows: int) -> int:
+        """Append every window of a series of ``rows`` rows, in bounded slices;
+        return how many windows it has."""
+        count = self._spec.num_windows(rows)
+        for first in range(0, count, _INDEX_ROW_GROUP):
+            self.add(series_id, window_starts(rows, self._spec, first=first,
+                                              limit=_INDEX_ROW_GROUP))
+        return count
 
     def add(self, series_id: int, starts: np.ndarray) -> None:
         """Append the windows of one series (starts ascending)."""
@@ -82,10 +96,11 @@ class IndexWriter:
         self._writer.close()
 
 
-def iter_index(path: Path, batch_rows: int = _INDEX_ROW_GROUP) -> Iterator[pa.RecordBatch]:
+def iter_index(path: Path, batch_rows: int = _INDEX_ROW_GROUP,
+               columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream an index table in record batches (never the whole table)."""
     try:
-        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
+        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=columns)
     except (OSError, pa.ArrowInvalid) as exc:
         raise StoreError(f"{path}: cannot read window index table ({exc})") from None
 
@@ -161,7 +176,7 @@ class WindowRuns:
         runs_first: list[np.ndarray] = []
         runs_count: list[np.ndarray] = []
         prev_series, prev_start = -1, -1
-        for batch in iter_index(path):
+        for batch in iter_index(path, _RUNS_BATCH, columns=["series", "start"]):
             series = batch.column("series").to_numpy().astype(np.int32, copy=False)
             start = batch.column("start").to_numpy().astype(np.int64, copy=False)
             if len(series) == 0:

@@ -87,7 +87,7 @@ class Store:
     def series_table(self) -> Any:
         """``series.parquet`` as a pyarrow Table (one row per series)."""
         try:
-            return pq.read_table(self.path / "series.parquet")
+            return pq.ParquetFile(self.path / "series.parquet").read()
         except OSError as exc:
             raise StoreError(f"{self.path / 'series.parquet'}: cannot read ({exc})") from None
 

@@ -1,9 +1,14 @@
 """The ``tf.data`` reader for random-access stores (DESIGN §5).
 
-``from_generator`` yields only index batches (the global start rows of a
-batch's windows); a parallel ``map`` of a ``py_function`` resolves each batch
-with one vectorized gather over a shared block cache; shapes are restored with
-``ensure_shape``; the cardinality is asserted; batches are prefetched.
+``from_generator`` yields only index batches (the global start rows of the
+windows); a parallel ``map`` of a ``py_function`` resolves each with one
+vectorized gather over a shared block cache; ``ensure_shape`` restores static
+shapes; the cardinality is asserted; batches are prefetched.
+
+A ``py_function`` call costs far more than gathering one batch, so each index
+batch covers several training batches (about ``RESOLVE_BYTES`` of windows) and
+``rebatch`` cuts the result into ``batch_size`` batches. The epoch's window
+order is the same as with one call per batch.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 from windowkit.order import epoch_batches, num_batches
+
+RESOLVE_BYTES = 2 << 20  # windows resolved per py_function call
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -43,12 +50,16 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
     norm = store.normalizer() if normalize else None
     out_dtype = tf.as_dtype(norm.dtype if norm is not None else store.dtype)
     epochs = itertools.count()
+    window_bytes = np.dtype(out_dtype.as_numpy_dtype).itemsize * spec.steps * int(
+        np.prod(store.step_shape, dtype=np.int64))
+    batches_per_call = int(np.clip(RESOLVE_BYTES // max(1, window_bytes * batch_size), 1, 16))
 
     def index_batches() -> Any:
         yield from epoch_batches(
-            runs, batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=next(epochs),
-            block_rows=gather.pool.block_rows, total_rows=store.manifest.total_rows,
-            blocks_per_group=group, drop_remainder=drop_remainder)
+            runs, batch_size=batch_size * batches_per_call, shuffle=shuffle, seed=seed,
+            epoch=next(epochs), block_rows=gather.pool.block_rows,
+            total_rows=store.manifest.total_rows, blocks_per_group=group,
+            drop_remainder=False)
 
     def resolve(starts: tf.Tensor) -> list[np.ndarray]:
         x, y = gather(starts.numpy())
@@ -58,9 +69,8 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
         return [x] if y is None else [x, y]
 
     outputs = [out_dtype] if spec.horizon == 0 else [out_dtype, out_dtype]
-    batch_dim = batch_size if drop_remainder else None
-    x_shape = (batch_dim, spec.length, *store.step_shape)
-    y_shape = (batch_dim, spec.horizon, *store.step_shape)
+    x_shape = (None, spec.length, *store.step_shape)
+    y_shape = (None, spec.horizon, *store.step_shape)
 
     def resolve_batch(starts: tf.Tensor) -> Any:
         tensors = tf.py_function(resolve, [starts], outputs)
@@ -72,6 +82,7 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
     ds = tf.data.Dataset.from_generator(
         index_batches, output_signature=tf.TensorSpec(shape=(None,), dtype=tf.int64))
     ds = ds.map(resolve_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.rebatch(batch_size, drop_remainder=drop_remainder)
     ds = ds.apply(tf.data.experimental.assert_cardinality(
         num_batches(runs.total, batch_size, drop_remainder)))
     return ds.prefetch(tf.data.AUTOTUNE)
