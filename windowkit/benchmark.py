@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -101,7 +102,7 @@ def child_tf_import() -> dict[str, Any]:
     return {"peak_rss_mb": peak_rss_mb()}
 
 
-CHILDREN = {"convert": child_convert, "windowkit": child_windowkit,
+CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {"convert": child_convert, "windowkit": child_windowkit,
             "materialized": child_materialized, "tf_import": child_tf_import}
 
 
