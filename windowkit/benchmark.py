@@ -102,8 +102,10 @@ def child_tf_import() -> dict[str, Any]:
     return {"peak_rss_mb": peak_rss_mb()}
 
 
-CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {"convert": child_convert, "windowkit": child_windowkit,
-            "materialized": child_materialized, "tf_import": child_tf_import}
+CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
+    "convert": child_convert, "windowkit": child_windowkit,
+    "materialized": child_materialized, "tf_import": child_tf_import,
+}
 
 
 # -- drivers ---------------------------------------------------------------------------
