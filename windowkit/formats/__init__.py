@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from windowkit.errors import FormatNotAvailableError, InvalidSpecError
 from windowkit.formats.base import DataLayout, RowReader, RowWriter, StorageFormat
+from windowkit.formats.parquet_rows import ParquetFormat
 from windowkit.formats.zarr_rows import ZarrFormat
 
 #: Every format the CLI and API name, in the order they are listed to users.
 FORMAT_NAMES: tuple[str, ...] = ("tfrecord", "zarr", "parquet")
 
 #: The formats this version implements.
-FORMATS: dict[str, StorageFormat] = {"zarr": ZarrFormat()}
+FORMATS: dict[str, StorageFormat] = {"zarr": ZarrFormat(), "parquet": ParquetFormat()}
 
 
 def get_format(name: str) -> StorageFormat:

@@ -84,10 +84,9 @@ class ZarrRowWriter:
 class ZarrRowReader:
     """Reads global row ranges; a missing chunk file is an error, never fill values."""
 
-    def __init__(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                 step_shape: tuple[int, ...], total_rows: int) -> None:
+    def __init__(self, data_dir: Path, *, total_rows: int, block_rows: int) -> None:
         self._data_dir = data_dir
-        self.block_rows = int(data["chunk_rows"])
+        self.block_rows = block_rows
         self._total_rows = total_rows
         self._array: Any = None  # opened lazily, so readers pickle across processes
 
@@ -132,6 +131,6 @@ class ZarrFormat:
         return ZarrRowWriter(data_dir, layout)
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], total_rows: int) -> ZarrRowReader:
-        return ZarrRowReader(data_dir, data, dtype=dtype, step_shape=step_shape,
-                             total_rows=total_rows)
+                    step_shape: tuple[int, ...], total_rows: int,
+                    block_rows: int) -> ZarrRowReader:
+        return ZarrRowReader(data_dir, total_rows=total_rows, block_rows=block_rows)

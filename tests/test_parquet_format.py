@@ -1,0 +1,73 @@
+"""Parquet stores are ordinary tables: pandas reads the rows back as written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import windowkit as wk
+from windowkit.formats import parquet_rows
+
+
+def _series(lengths: list[int], features: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n, features)).astype(np.float32) for n in lengths]
+
+
+def test_pandas_reads_back_the_source_rows(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    series = _series([300, 17, 450], features=4)
+    store = wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=64)
+    frame = pd.read_parquet(store.path / "data")
+    assert list(frame.columns) == ["series", "row", "f0", "f1", "f2", "f3"]
+    assert all(frame[c].dtype == np.float32 for c in ["f0", "f1", "f2", "f3"])
+    np.testing.assert_array_equal(frame[["f0", "f1", "f2", "f3"]].to_numpy(),
+                                  np.concatenate(series))
+    np.testing.assert_array_equal(frame["series"].to_numpy(),
+                                  np.repeat([0, 1, 2], [300, 17, 450]))
+    np.testing.assert_array_equal(frame["row"].to_numpy(),
+                                  np.concatenate([np.arange(n) for n in [300, 17, 450]]))
+
+
+def test_row_groups_hold_one_series_within_one_block(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parquet_rows, "FILE_BYTES", 2000)  # force several part files
+    series = _series([300, 17, 450], features=2)
+    store = wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=64)
+    files = sorted((store.path / "data").glob("part-*.parquet"))
+    assert len(files) > 2
+    global_row = 0
+    for path in files:
+        meta = pq.ParquetFile(path).metadata
+        for g in range(meta.num_row_groups):
+            group = pq.ParquetFile(path).read_row_group(g, columns=["series"])
+            assert len(set(group.column("series").to_pylist())) == 1
+            rows = meta.row_group(g).num_rows
+            assert global_row // 64 == (global_row + rows - 1) // 64  # inside one block
+            global_row += rows
+    assert global_row == 767
+    np.testing.assert_array_equal(store.windows("train", [0, 292, 303])[2], series[2][:8])
+
+
+def test_frames_are_a_fixed_size_list_column(tmp_path: Path) -> None:
+    frames = np.arange(40 * 2 * 3 * 3, dtype=np.float64).reshape(40, 2, 3, 3)
+    store = wk.convert([frames], tmp_path / "s", format="parquet",
+                       window=wk.WindowSpec(4, horizon=1), block_rows=16)
+    table = pq.read_table(store.path / "data")
+    assert table.schema.field("values").type.list_size == 18
+    np.testing.assert_array_equal(
+        np.asarray(table.column("values").to_pylist()).reshape(40, 2, 3, 3), frames)
+    x, y = store.windows("train", [35])
+    np.testing.assert_array_equal(x[0], frames[35:39])
+    np.testing.assert_array_equal(y[0], frames[39:40])
+
+
+def test_page_checksums_and_statistics_are_written(tmp_path: Path) -> None:
+    store = wk.convert(_series([100], 2), tmp_path / "s", format="parquet", window=4)
+    meta = pq.ParquetFile(next((store.path / "data").glob("*.parquet"))).metadata
+    column = meta.row_group(0).column(2)
+    assert column.compression == "ZSTD"
+    assert column.is_stats_set and column.statistics.has_min_max
