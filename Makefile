@@ -17,12 +17,16 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+DEMO_FORMATS := zarr parquet
+
 demo: $(STAMP)
 	rm -rf $(DEMO)
-	$(BIN)/windowkit convert fixtures/sensors/*.npy --format zarr --out $(DEMO)/zarr \
-		--window 32 --horizon 4
-	$(BIN)/windowkit inspect $(DEMO)/zarr
-	$(BIN)/python fixtures/demo_train.py $(DEMO)/zarr
+	for fmt in $(DEMO_FORMATS); do \
+		$(BIN)/windowkit convert fixtures/sensors/*.npy --format $$fmt --out $(DEMO)/$$fmt \
+			--window 32 --horizon 4 --quiet && \
+		$(BIN)/windowkit inspect $(DEMO)/$$fmt && \
+		$(BIN)/python fixtures/demo_train.py $(DEMO)/$$fmt || exit 1; \
+	done
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

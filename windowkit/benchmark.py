@@ -60,11 +60,11 @@ def _time_batches(ds: Any, batches: int | None) -> tuple[int, float]:
     return windows, time.perf_counter() - start
 
 
-def child_convert(source: str, out: str) -> dict[str, Any]:
+def child_convert(source: str, out: str, fmt: str) -> dict[str, Any]:
     import windowkit as wk
 
     start = time.perf_counter()
-    store = wk.convert(source, out, format="zarr", window=LENGTH, overwrite=True)
+    store = wk.convert(source, out, format=fmt, window=LENGTH, overwrite=True)
     seconds = time.perf_counter() - start
     raw = store.manifest.data["raw_bytes"]
     return {"convert_mb_s": raw / seconds / 1e6, "seconds": seconds,
@@ -119,38 +119,51 @@ def _make_throughput_data(source_dir: Path) -> None:
         np.save(source_dir / f"series_{i:02d}.npy", walk.astype(np.float32))
 
 
+def _formats() -> list[str]:
+    from windowkit.formats import FORMATS
+
+    return sorted(FORMATS)
+
+
+def _disk_bytes(store: Path) -> int:
+    return sum(p.stat().st_size for p in (store / "data").rglob("*") if p.is_file())
+
+
 def throughput(rounds: int) -> None:
-    source_dir, store = OUT / "throughput-src", OUT / "throughput-zarr"
+    source_dir = OUT / "throughput-src"
     _make_throughput_data(source_dir)
-    conv = _run_child("convert", str(source_dir / "*.npy"), str(store))
+    formats = _formats()
+    conv = {f: _run_child("convert", str(source_dir / "*.npy"), str(OUT / f"throughput-{f}"), f)
+            for f in formats}
     tf_base = _run_child("tf_import")
-    results: dict[str, list[dict[str, Any]]] = {"windowkit": [], "materialized": []}
-    for _ in range(rounds):  # alternate, so both see the same machine load
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in ["materialized", *formats]}
+    for _ in range(rounds):  # alternate, so every reader sees the same machine load
         results["materialized"].append(_run_child("materialized", str(source_dir), "epoch"))
-        results["windowkit"].append(_run_child("windowkit", str(store), "epoch"))
+        for f in formats:
+            results[f].append(_run_child("windowkit", str(OUT / f"throughput-{f}"), "epoch"))
     best = {k: max(v, key=lambda r: r["windows_s"]) for k, v in results.items()}
-    ratio = best["windowkit"]["windows_s"] / best["materialized"]["windows_s"]
-    raw = conv["raw_bytes"]
-    on_disk = sum(p.stat().st_size for p in (store / "data").rglob("*") if p.is_file())
+    plain = best["materialized"]["windows_s"]
+    raw = conv[formats[0]]["raw_bytes"]
     print(f"data: {SERIES} series x {ROWS:,} rows x {FEATURES} float32 features "
           f"({raw / 2**20:.0f} MiB raw), window L={LENGTH}, batch {BATCH}, shuffled, "
           f"best of {rounds} full epochs; machine: {os.cpu_count()} cores")
-    print(f"{'reader':<44}{'windows/s':>12}{'vs plain':>10}{'peak RSS':>11}")
-    rows = [("zarr tf_dataset (windowkit)", best["windowkit"]),
-            ("plain: materialized windows, shuffle(10000)", best["materialized"])]
-    for name, r in rows:
-        rel = r["windows_s"] / best["materialized"]["windows_s"]
-        print(f"{name:<44}{r['windows_s']:>12,.0f}{rel:>9.2f}x{r['peak_rss_mb']:>8.0f} MB")
+    print(f"{'reader':<46}{'windows/s':>11}{'vs plain':>10}{'peak RSS':>11}"
+          f"{'disk/raw':>10}{'convert':>12}")
+    for f in formats:
+        r, c = best[f], conv[f]
+        print(f"{f + ' tf_dataset (windowkit)':<46}{r['windows_s']:>11,.0f}"
+              f"{r['windows_s'] / plain:>9.2f}x{r['peak_rss_mb']:>8.0f} MB"
+              f"{_disk_bytes(OUT / f'throughput-{f}') / raw:>9.2f}x"
+              f"{c['convert_mb_s']:>7.0f} MB/s")
+    m = best["materialized"]
+    print(f"{'plain: materialized windows, shuffle(10000)':<46}{m['windows_s']:>11,.0f}"
+          f"{1:>9.2f}x{m['peak_rss_mb']:>8.0f} MB")
     print(f"tensorflow import alone: peak RSS {tf_base['peak_rss_mb']:.0f} MB; "
-          f"materialized windows: {best['materialized']['materialized_bytes'] / 2**20:.0f} MiB")
-    print(f"zarr store: {on_disk / raw:.2f}x raw on disk; convert {conv['convert_mb_s']:.0f} MB/s "
-          f"(peak RSS {conv['peak_rss_mb']:.0f} MB)")
-    print(f"ratio windowkit / plain: {ratio:.2f}")
+          f"materialized windows: {m['materialized_bytes'] / 2**20:.0f} MiB")
 
 
 def memory(gib: float) -> None:
     source = OUT / "memory-src.npy"
-    store = OUT / "memory-zarr"
     rows = int(gib * 2**30) // (FEATURES * 4)
     if not source.exists() or source.stat().st_size < rows * FEATURES * 4:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -163,19 +176,21 @@ def memory(gib: float) -> None:
             out[lo:lo + n] = rng.standard_normal((n, FEATURES), dtype=np.float32)
         out.flush()
         del out
-    size_gib = source.stat().st_size / 2**30
-    conv = _run_child("convert", str(source), str(store))
-    epoch = _run_child("windowkit", str(store), "epoch")
     base = _run_child("tf_import")
-    print(f"source: {size_gib:.2f} GiB float32 .npy, {rows:,} rows x {FEATURES} features")
-    print(f"convert: {conv['seconds']:.0f} s, {conv['convert_mb_s']:.0f} MB/s, "
-          f"peak RSS {conv['peak_rss_mb']:.0f} MB (bar: < 600 MB; "
-          f"tensorflow imported: {conv['imported_tensorflow']})")
-    print(f"full shuffled epoch: {epoch['windows']:,} windows in {epoch['seconds']:.0f} s "
-          f"({epoch['windows_s']:,.0f} windows/s), peak RSS {epoch['peak_rss_mb']:.0f} MB "
-          f"(bar: < 800 MB; tensorflow import alone: {base['peak_rss_mb']:.0f} MB)")
-    if os.environ.get("WINDOWKIT_BENCH_KEEP") != "1":
-        shutil.rmtree(store, ignore_errors=True)
+    print(f"source: {source.stat().st_size / 2**30:.2f} GiB float32 .npy, {rows:,} rows x "
+          f"{FEATURES} features; tensorflow import alone: peak RSS {base['peak_rss_mb']:.0f} MB")
+    print(f"{'format':<10}{'convert':>10}{'MB/s':>7}{'peak RSS':>11}   "
+          f"{'epoch windows':>14}{'time':>7}{'windows/s':>11}{'peak RSS':>11}")
+    for f in _formats():
+        store = OUT / f"memory-{f}"
+        conv = _run_child("convert", str(source), str(store), f)
+        epoch = _run_child("windowkit", str(store), "epoch")
+        print(f"{f:<10}{conv['seconds']:>9.0f}s{conv['convert_mb_s']:>7.0f}"
+              f"{conv['peak_rss_mb']:>8.0f} MB   {epoch['windows']:>14,}{epoch['seconds']:>6.0f}s"
+              f"{epoch['windows_s']:>11,.0f}{epoch['peak_rss_mb']:>8.0f} MB", flush=True)
+        if os.environ.get("WINDOWKIT_BENCH_KEEP") != "1":
+            shutil.rmtree(store, ignore_errors=True)
+    print("bars: convert < 600 MB, epoch < 800 MB peak RSS; convert never imports tensorflow")
 
 
 def main(argv: list[str] | None = None) -> None:
