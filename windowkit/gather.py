@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -24,7 +25,9 @@ class BlockPool:
     """A fixed number of slots of decoded blocks, evicted least recently used.
 
     Slots in use by a gather are pinned and never evicted; a caller that needs
-    a block while every slot is pinned waits until one is released.
+    a block while every slot is pinned waits until one is released. Blocks are
+    decoded on one loader thread, whatever thread asks: decoders' per-thread
+    allocator caches then exist once, not once per tf.data thread.
     """
 
     def __init__(self, reader: RowReader, *, total_rows: int, halo: int,
@@ -41,6 +44,7 @@ class BlockPool:
         self._pins = np.zeros(self.capacity, dtype=np.int64)
         self._free = list(range(self.capacity - 1, -1, -1))
         self._cond = threading.Condition()
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="windowkit-load")
 
     def __getstate__(self) -> dict[str, object]:
         raise TypeError("a BlockPool holds decoded data and does not pickle; pickle the Store")
@@ -81,7 +85,7 @@ class BlockPool:
     def _load(self, block: int, slot: int) -> None:
         start = block * self.block_rows
         stop = min(self.total_rows, start + self.slot_rows)
-        rows = self.reader.read_rows(start, stop)
+        rows = self._loader.submit(self.reader.read_rows, start, stop).result()
         base = slot * self.slot_rows
         self.data[base:base + len(rows)] = rows
 

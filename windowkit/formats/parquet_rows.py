@@ -11,6 +11,7 @@ groups. zstd by default; page checksums and statistics are written.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from windowkit.errors import InvalidSpecError, StoreError
 from windowkit.formats.base import DataLayout
 
 FILE_BYTES = 64 << 20  # start a new part file past this many raw bytes
+OPEN_FILES = 2  # part files a reader keeps open
 
 
 def value_columns(step_shape: tuple[int, ...], columns: list[str] | None) -> list[str]:
@@ -134,27 +136,35 @@ class ParquetRowReader:
         self._step_shape = step_shape
         self.block_rows = block_rows
         self._file_first = np.array([f["first_row"] for f in self._files], dtype=np.int64)
-        self._handles: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
+        # an open file holds decoder buffers: keep a few open, and every file's layout
+        self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._group_starts: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_handles": {}}
+        return {**self.__dict__, "_handles": OrderedDict()}
 
     def _file(self, i: int) -> tuple[pq.ParquetFile, np.ndarray]:
         """An open part file and the global first row of each of its row groups."""
-        if i not in self._handles:
-            path = self._root / self._files[i]["path"]
-            try:
-                handle = pq.ParquetFile(path, page_checksum_verification=True)
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise StoreError(f"{path}: cannot open Parquet file ({exc})") from None
+        if i in self._handles:
+            self._handles.move_to_end(i)
+            return self._handles[i], self._group_starts[i]
+        path = self._root / self._files[i]["path"]
+        try:
+            handle = pq.ParquetFile(path, page_checksum_verification=True)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise StoreError(f"{path}: cannot open Parquet file ({exc})") from None
+        if i not in self._group_starts:
             meta = handle.metadata
             sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
             if sum(sizes) != self._files[i]["rows"]:
                 raise StoreError(f"{path}: holds {sum(sizes)} rows, manifest says "
                                  f"{self._files[i]['rows']}")
-            starts = self._files[i]["first_row"] + np.concatenate([[0], np.cumsum(sizes)])
-            self._handles[i] = (handle, starts)
-        return self._handles[i]
+            self._group_starts[i] = self._files[i]["first_row"] + np.concatenate(
+                [[0], np.cumsum(sizes)])
+        self._handles[i] = handle
+        while len(self._handles) > OPEN_FILES:
+            self._handles.popitem(last=False)
+        return handle, self._group_starts[i]
 
     def _read_group(self, i: int, group: int) -> np.ndarray:
         handle, _ = self._file(i)
