@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -120,18 +121,22 @@ class WindowRuns:
     stride: int
     row_offset: np.ndarray  # int64 [num_series]
 
-    @property
+    @cached_property
     def cumulative(self) -> np.ndarray:
         """Position in the index of each run's first window, plus the total."""
         return np.concatenate([[0], np.cumsum(self.count)])
 
-    @property
+    @cached_property
     def total(self) -> int:
         return int(self.count.sum())
 
-    @property
+    @cached_property
     def global_first(self) -> np.ndarray:
         return self.row_offset[self.series] + self.first
+
+    @cached_property
+    def global_last(self) -> np.ndarray:
+        return self.global_first + (self.count - 1) * self.stride
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(series, series-local start)`` of windows at index ``positions``."""
@@ -152,8 +157,7 @@ class WindowRuns:
 
     def starts_between(self, low: int, high: int) -> np.ndarray:
         """Global starts ``g`` with ``low <= g < high``, ascending, vectorized."""
-        gfirst = self.global_first
-        glast = gfirst + (self.count - 1) * self.stride
+        gfirst, glast = self.global_first, self.global_last
         lo = np.searchsorted(glast, low, side="left")
         hi = np.searchsorted(gfirst, high, side="left")
         if hi <= lo:
