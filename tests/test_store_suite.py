@@ -201,3 +201,16 @@ def test_index_table_and_manifest(fmt: str, tmp_path: Path) -> None:
     assert on_disk - {"windowkit.json"} == {f["path"] for f in info["files"]}
     for entry in info["files"]:
         assert (store.path / entry["path"]).stat().st_size == entry["bytes"]
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none", "lz4"])
+def test_compressions(fmt: str, tmp_path: Path, compression: str) -> None:
+    series = _numbered_series([100])
+    if compression == "lz4":
+        with pytest.raises(wk.InvalidSpecError, match=f"compression 'lz4' is not valid for {fmt}"):
+            wk.convert(series, tmp_path / "s", format=fmt, window=5, compression="lz4")
+        assert not (tmp_path / "s").exists() and not list(tmp_path.iterdir())
+        return
+    store = wk.convert(series, tmp_path / "s", format=fmt, window=5, compression=compression,
+                       block_rows=16)
+    np.testing.assert_array_equal(store.windows("train", [95])[0], series[0][95:100])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob as globlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -234,13 +234,6 @@ def _check_consistent(series: list[Series]) -> list[Series]:
                 f"({first.step_shape}); every series of a store must share one step shape"
             )
     return series
-
-
-def iter_blocks(series: Series, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield ``(first_row, rows)`` blocks of at most ``block_rows`` rows."""
-    for start in range(0, series.rows, block_rows):
-        stop = min(series.rows, start + block_rows)
-        yield start, series.read(start, stop)
 
 
 def check_finite(block: np.ndarray, series: Series, first_row: int) -> None:

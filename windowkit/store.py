@@ -123,7 +123,7 @@ class Store:
         m = self.manifest
         return get_format(m.format).open_reader(
             self.path / "data", m.data, dtype=self.dtype, step_shape=self.step_shape,
-            total_rows=m.total_rows, block_rows=m.block_rows)
+            block_rows=m.block_rows)
 
     def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
         """A new gatherer with its own block cache of ``cache_bytes``."""

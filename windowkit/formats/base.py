@@ -44,7 +44,8 @@ class RowReader(Protocol):
     block_rows: int
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Global rows ``[start, stop)`` as a C-contiguous array."""
+        """Global rows ``[start, stop)`` (``stop`` at most the store's rows) as a
+        C-contiguous array."""
         ...
 
 
@@ -57,7 +58,6 @@ class StorageFormat(Protocol):
     def create_writer(self, data_dir: Path, layout: DataLayout) -> RowWriter: ...
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], total_rows: int,
-                    block_rows: int) -> RowReader:
+                    step_shape: tuple[int, ...], block_rows: int) -> RowReader:
         """A reader of global rows; ``data`` is what the writer's ``close`` returned."""
         ...

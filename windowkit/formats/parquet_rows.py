@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from windowkit.errors import InvalidSpecError, StoreError
+from windowkit.errors import StoreError
 from windowkit.formats.base import DataLayout
 
 FILE_BYTES = 64 << 20  # start a new part file past this many raw bytes
@@ -40,10 +40,6 @@ class ParquetRowWriter:
     """Writes row groups of one series within one block, rolling part files."""
 
     def __init__(self, data_dir: Path, layout: DataLayout) -> None:
-        if layout.compression not in ParquetFormat.compressions:
-            raise InvalidSpecError(
-                f"compression {layout.compression!r} is not valid for parquet; "
-                f"expected one of {', '.join(ParquetFormat.compressions)}")
         self._dir = data_dir
         self._layout = layout
         self._names = value_columns(layout.step_shape, None)
@@ -208,7 +204,6 @@ class ParquetFormat:
         return ParquetRowWriter(data_dir, layout)
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], total_rows: int,
-                    block_rows: int) -> ParquetRowReader:
+                    step_shape: tuple[int, ...], block_rows: int) -> ParquetRowReader:
         return ParquetRowReader(data_dir, data, dtype=dtype, step_shape=step_shape,
                                 block_rows=block_rows)

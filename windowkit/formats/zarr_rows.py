@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError, StoreError
+from windowkit.errors import StoreError
 from windowkit.formats.base import DataLayout
 
 _WRITE_BYTES = 16 << 20  # rows buffered before one multi-chunk write
@@ -17,16 +17,9 @@ _WRITE_BYTES = 16 << 20  # rows buffered before one multi-chunk write
 def _compressors(compression: str) -> list[Any]:
     from zarr.codecs import Crc32cCodec, GzipCodec, ZstdCodec
 
-    checksum = Crc32cCodec()
-    if compression == "zstd":
-        return [ZstdCodec(level=3), checksum]
-    if compression == "gzip":
-        return [GzipCodec(level=5), checksum]
-    if compression == "none":
-        return [checksum]
-    raise InvalidSpecError(
-        f"compression {compression!r} is not valid for zarr; expected one of zstd, gzip, none"
-    )
+    codecs: dict[str, list[Any]] = {
+        "zstd": [ZstdCodec(level=3)], "gzip": [GzipCodec(level=5)], "none": []}
+    return [*codecs[compression], Crc32cCodec()]  # names checked by convert
 
 
 class ZarrRowWriter:
@@ -84,10 +77,9 @@ class ZarrRowWriter:
 class ZarrRowReader:
     """Reads global row ranges; a missing chunk file is an error, never fill values."""
 
-    def __init__(self, data_dir: Path, *, total_rows: int, block_rows: int) -> None:
+    def __init__(self, data_dir: Path, *, block_rows: int) -> None:
         self._data_dir = data_dir
         self.block_rows = block_rows
-        self._total_rows = total_rows
         self._array: Any = None  # opened lazily, so readers pickle across processes
 
     def __getstate__(self) -> dict[str, Any]:
@@ -111,7 +103,6 @@ class ZarrRowReader:
                 raise StoreError(f"{self._data_dir / key}: Zarr chunk file is missing")
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        stop = min(stop, self._total_rows)
         self._check_chunks(start, stop)
         try:
             return np.asarray(self._open()[start:stop])
@@ -131,6 +122,5 @@ class ZarrFormat:
         return ZarrRowWriter(data_dir, layout)
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], total_rows: int,
-                    block_rows: int) -> ZarrRowReader:
-        return ZarrRowReader(data_dir, total_rows=total_rows, block_rows=block_rows)
+                    step_shape: tuple[int, ...], block_rows: int) -> ZarrRowReader:
+        return ZarrRowReader(data_dir, block_rows=block_rows)
