@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import windowkit as wk
-from windowkit.formats import parquet_rows
 
 
 def _series(lengths: list[int], features: int, seed: int = 0) -> list[np.ndarray]:
@@ -32,13 +31,13 @@ def test_pandas_reads_back_the_source_rows(tmp_path: Path) -> None:
                                   np.concatenate([np.arange(n) for n in [300, 17, 450]]))
 
 
-def test_row_groups_hold_one_series_within_one_block(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(parquet_rows, "FILE_BYTES", 2000)  # force several part files
+@pytest.mark.parametrize("workers", [1, 2])
+def test_row_groups_hold_one_series_within_one_block(tmp_path: Path, workers: int) -> None:
     series = _series([300, 17, 450], features=2)
-    store = wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=64)
+    store = wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=64,
+                       shard_size=2000, workers=workers)  # several part files
     files = sorted((store.path / "data").glob("part-*.parquet"))
-    assert len(files) > 2
+    assert len(files) == 4  # 12 blocks of 64 rows x 2 x float32 (512 B) in ~2000 B files
     global_row = 0
     for path in files:
         meta = pq.ParquetFile(path).metadata

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,22 +25,21 @@ from windowkit.errors import InvalidSpecError, StoreExistsError
 from windowkit.formats import DataLayout, get_format
 from windowkit.index import IndexWriter
 from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
-from windowkit.sources import NpySeries, Series, SourceLike, check_finite, open_sources
+from windowkit.shards import DEFAULT_SHARD_BYTES, SeriesLayout, plan_shards, write_shards
+from windowkit.sources import NpySeries, Series, SourceLike, open_sources
 from windowkit.spec import WindowSpec
-from windowkit.stats import RunningStats
 
 if TYPE_CHECKING:
     from windowkit.store import Store
 
 TARGET_BLOCK_BYTES = 1 << 20  # storage block (chunk) size: small for random access
-READ_BLOCK_BYTES = 8 << 20  # rows read from a source at a time
 
 
-def choose_block_rows(row_bytes: int, spec: WindowSpec) -> int:
-    """Rows per storage block: a power of two near 1 MiB, at least one window span."""
+def choose_block_rows(row_bytes: int, min_rows: int) -> int:
+    """Rows per storage block: a power of two near 1 MiB, at least ``min_rows``."""
     rows = max(1, TARGET_BLOCK_BYTES // max(1, row_bytes))
     rows = 1 << round(np.log2(rows))
-    while rows < spec.span:
+    while rows < min_rows:
         rows *= 2
     return rows
 
@@ -88,35 +86,49 @@ def _publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _check_count(name: str, value: int | None, *, minimum: int = 1) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < minimum):
+        raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
 def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "zarr",
-            window: WindowSpec | int, compression: str = "zstd", seed: int = 0,
-            block_rows: int | None = None, overwrite: bool = False,
+            window: WindowSpec | int, compression: str | None = None, seed: int = 0,
+            block_rows: int | None = None, shard_size: int = DEFAULT_SHARD_BYTES,
+            shards: int | None = None, workers: int = 1, overwrite: bool = False,
             progress: bool = False) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
-    ``window`` is a :class:`WindowSpec` or a window length. ``block_rows`` sets
-    the rows per storage block (Zarr chunk); by default a power of two near
-    1 MiB. Rows are streamed block by block: peak memory does not grow with the
-    source.
+    ``window`` is a :class:`WindowSpec` or a window length. ``compression``
+    defaults to the format's (zstd for Zarr and Parquet, none for TFRecord).
+    ``block_rows`` sets the rows per storage block (Zarr chunk, TFRecord record,
+    Parquet row group); by default a power of two near 1 MiB. Data files
+    (TFRecord shards, Parquet parts) hold about ``shard_size`` bytes of rows, or
+    there are ``shards`` of them; ``workers`` processes write shards in
+    parallel. Rows are streamed block by block: peak memory does not grow with
+    the source.
     """
     from windowkit.store import open_store
 
     spec = _as_spec(window)
     storage = get_format(format)
+    compression = storage.default_compression if compression is None else compression
     if compression not in storage.compressions:
         raise InvalidSpecError(
             f"compression {compression!r} is not valid for {format}; "
             f"expected one of {', '.join(storage.compressions)}"
         )
-    if block_rows is not None and (isinstance(block_rows, bool) or not isinstance(block_rows, int)
-                                   or block_rows < 1):
-        raise InvalidSpecError(f"block rows must be an integer >= 1, got {block_rows!r}")
+    _check_count("block rows", block_rows)
+    _check_count("shard size", shard_size)
+    _check_count("shards", shards)
+    _check_count("workers", workers)
     series = open_sources(source)
     out = Path(out)
     tmp = _prepare_target(out, overwrite)
     try:
         manifest = _write_store(tmp, series, storage_name=format, spec=spec,
                                 compression=compression, seed=seed, block_rows=block_rows,
+                                shard_size=shard_size, shards=shards, workers=workers,
                                 progress=progress)
         manifest.write(tmp)
         _publish(tmp, out)
@@ -127,35 +139,28 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
 
 
 def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: WindowSpec,
-                 compression: str, seed: int, block_rows: int | None,
-                 progress: bool) -> Manifest:
+                 compression: str, seed: int, block_rows: int | None, shard_size: int,
+                 shards: int | None, workers: int, progress: bool) -> Manifest:
     first = series[0]
     dtype, step_shape = first.dtype, first.step_shape
+    storage = get_format(storage_name)
     row_bytes = dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
-    rows = np.array([s.rows for s in series], dtype=np.int64)
-    row_offset = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    placement = SeriesLayout.of(series)
+    rows, row_offset = placement.rows, placement.row_offset
     total_rows = int(rows.sum())
-    layout = DataLayout(dtype=dtype, step_shape=step_shape, total_rows=total_rows,
-                        block_rows=block_rows or choose_block_rows(row_bytes, spec), window=spec,
-                        compression=compression)
+    layout = DataLayout(
+        dtype=dtype, step_shape=step_shape, total_rows=total_rows,
+        block_rows=block_rows or choose_block_rows(row_bytes, storage.min_block_rows(spec)),
+        window=spec, compression=compression)
     data_dir = root / "data"
     data_dir.mkdir()
-    writer = get_format(storage_name).create_writer(data_dir, layout)
-    stats = RunningStats()
-    read_rows = max(1, READ_BLOCK_BYTES // max(1, row_bytes))
-
-    def checked_blocks(s: Series) -> Iterator[np.ndarray]:
-        for start in range(0, s.rows, read_rows):
-            block = s.read(start, min(s.rows, start + read_rows))
-            check_finite(block, s, start)
-            stats.update(block)
-            bar.update(block.nbytes)
-            yield block
-
+    tasks = plan_shards(layout, placement, shard_bytes=shard_size, shards=shards)
+    storage.prepare(data_dir, layout, len(tasks))
     with progress_bar(total=total_rows * row_bytes, desc="convert", enabled=progress) as bar:
-        for sid, s in enumerate(series):
-            writer.write_series(sid, int(row_offset[sid]), checked_blocks(s))
-        data_info = writer.close()
+        summaries, stats = write_shards(series, storage_name, data_dir, layout, tasks,
+                                        workers=workers,
+                                        on_rows=lambda n: bar.update(n * row_bytes))
+    data_info = storage.finish(data_dir, layout, summaries)
 
     (root / "index").mkdir()
     index_writer = IndexWriter(root / "index" / "train.parquet", spec)
@@ -191,7 +196,7 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
         data={**data_info, "compression": compression, "raw_bytes": total_rows * row_bytes},
         normalization=stats.to_dict(),
         options={"compression": compression, "seed": seed, "block_rows": block_rows,
-                 "windowkit": __version__},
+                 "shard_size": shard_size, "shards": shards, "windowkit": __version__},
         source_fingerprint=_fingerprint(series),
         files=[FileEntry.of(root, f) for f in files],
     )

@@ -31,20 +31,28 @@ class RunningStats:
 
     def update(self, block: np.ndarray) -> None:
         values = _per_column(block).astype(np.float64)
-        n = values.shape[0]
-        if n == 0:
+        if values.shape[0] == 0:
             return
         mean = values.mean(axis=0)
-        m2 = ((values - mean) ** 2).sum(axis=0)
-        lo, hi = values.min(axis=0), values.max(axis=0)
-        if self.mean is None or self.m2 is None or self.min is None or self.max is None:
-            self.count, self.mean, self.m2, self.min, self.max = n, mean, m2, lo, hi
+        part = RunningStats()
+        part.count, part.mean = values.shape[0], mean
+        part.m2 = ((values - mean) ** 2).sum(axis=0)
+        part.min, part.max = values.min(axis=0), values.max(axis=0)
+        self.merge(part)
+
+    def merge(self, other: RunningStats) -> None:
+        """Fold in statistics of other rows (Chan et al.'s pairwise update)."""
+        if other.mean is None or other.m2 is None or other.min is None or other.max is None:
             return
-        total = self.count + n
-        delta = mean - self.mean
+        if self.mean is None or self.m2 is None or self.min is None or self.max is None:
+            self.count, self.mean, self.m2 = other.count, other.mean, other.m2
+            self.min, self.max = other.min, other.max
+            return
+        n, total = other.count, self.count + other.count
+        delta = other.mean - self.mean
         self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
-        self.min, self.max = np.minimum(self.min, lo), np.maximum(self.max, hi)
+        self.m2 = self.m2 + other.m2 + delta**2 * (self.count * n / total)
+        self.min, self.max = np.minimum(self.min, other.min), np.maximum(self.max, other.max)
         self.count = total
 
     def to_dict(self) -> dict[str, Any] | None:

@@ -155,11 +155,27 @@ class Store:
 
     def tf_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,
                    seed: int = 0, drop_remainder: bool = False, normalize: bool = False,
-                   shuffle_blocks: int | None = None,
-                   cache_bytes: int = DEFAULT_CACHE_BYTES) -> tf.data.Dataset:
-        """A ``tf.data.Dataset`` of batches of windows (see :mod:`windowkit.tf_data`)."""
-        from windowkit.tf_data import make_tf_dataset
+                   shuffle_blocks: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                   device: str | None = None) -> tf.data.Dataset:
+        """A ``tf.data.Dataset`` of batches of windows: ``x``, or ``(x, y)`` with a horizon.
 
-        return make_tf_dataset(self, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                               drop_remainder=drop_remainder, normalize=normalize,
-                               shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes)
+        Every window of the split comes once per epoch; shuffled, each epoch
+        has a new order drawn from ``seed``. ``shuffle_blocks`` storage blocks'
+        windows are permuted together (default: what ``cache_bytes`` holds).
+        ``device`` (e.g. ``"/GPU:0"``) prefetches batches into that device's
+        memory. TFRecord stores are read by a pure-graph pipeline
+        (:mod:`windowkit.tf_records`), the others by index batches resolved in
+        parallel (:mod:`windowkit.tf_data`).
+        """
+        if self.manifest.format == "tfrecord":
+            from windowkit.tf_records import make_record_dataset as make
+        else:
+            from windowkit.tf_data import make_tf_dataset as make
+        ds = make(self, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                  drop_remainder=drop_remainder, normalize=normalize,
+                  shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes)
+        if device is not None:
+            from windowkit.tf_data import prefetch_to_device
+
+            ds = prefetch_to_device(ds, device)
+        return ds

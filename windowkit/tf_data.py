@@ -86,3 +86,26 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
     ds = ds.apply(tf.data.experimental.assert_cardinality(
         num_batches(runs.total, batch_size, drop_remainder)))
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def prefetch_to_device(ds: tf.data.Dataset, device: str) -> tf.data.Dataset:
+    """Keep the next batches in ``device``'s memory (e.g. ``"/GPU:0"``), so a
+    training step never waits for a host-to-device copy."""
+    import tensorflow as tf
+
+    try:
+        name = tf.DeviceSpec.from_string(device).to_string()
+    except ValueError:
+        raise InvalidSpecError(f"device {device!r} is not a TensorFlow device name") from None
+    available = [d.name for d in tf.config.list_logical_devices()]
+    wanted = tf.DeviceSpec.from_string(device)
+    if not any(_same_device(wanted, tf.DeviceSpec.from_string(d)) for d in available):
+        raise InvalidSpecError(
+            f"device {device!r} is not available on this machine; available: "
+            f"{', '.join(available)}")
+    return ds.apply(tf.data.experimental.prefetch_to_device(name))
+
+
+def _same_device(wanted: Any, have: Any) -> bool:
+    return bool(wanted.device_type and wanted.device_type.upper() == have.device_type.upper()
+                and (wanted.device_index is None or wanted.device_index == have.device_index))

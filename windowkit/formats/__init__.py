@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from windowkit.errors import FormatNotAvailableError, InvalidSpecError
-from windowkit.formats.base import DataLayout, RowReader, RowWriter, StorageFormat
+from windowkit.formats.base import DataLayout, RowReader, StorageFormat
 from windowkit.formats.parquet_rows import ParquetFormat
+from windowkit.formats.tfrecord_rows import TFRecordFormat
 from windowkit.formats.zarr_rows import ZarrFormat
 
 #: Every format the CLI and API name, in the order they are listed to users.
 FORMAT_NAMES: tuple[str, ...] = ("tfrecord", "zarr", "parquet")
 
 #: The formats this version implements.
-FORMATS: dict[str, StorageFormat] = {"zarr": ZarrFormat(), "parquet": ParquetFormat()}
+FORMATS: dict[str, StorageFormat] = {
+    "tfrecord": TFRecordFormat(), "zarr": ZarrFormat(), "parquet": ParquetFormat()}
 
 
 def get_format(name: str) -> StorageFormat:
@@ -29,5 +31,5 @@ def get_format(name: str) -> StorageFormat:
     )
 
 
-__all__ = ["FORMATS", "FORMAT_NAMES", "DataLayout", "RowReader", "RowWriter",
+__all__ = ["FORMATS", "FORMAT_NAMES", "DataLayout", "RowReader",
            "StorageFormat", "get_format"]

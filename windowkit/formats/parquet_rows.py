@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from windowkit.errors import StoreError
-from windowkit.formats.base import DataLayout
+from windowkit.formats.base import DataLayout, Piece, ReadSeries, ShardTask
+from windowkit.spec import WindowSpec
 
-FILE_BYTES = 64 << 20  # start a new part file past this many raw bytes
 OPEN_FILES = 2  # part files a reader keeps open
 
 
@@ -36,88 +36,34 @@ def value_columns(step_shape: tuple[int, ...], columns: list[str] | None) -> lis
     return ["values"]
 
 
-class ParquetRowWriter:
-    """Writes row groups of one series within one block, rolling part files."""
+class _TableBuilder:
+    """Turns one piece's rows into an Arrow table of the store's schema."""
 
-    def __init__(self, data_dir: Path, layout: DataLayout) -> None:
-        self._dir = data_dir
-        self._layout = layout
-        self._names = value_columns(layout.step_shape, None)
+    def __init__(self, layout: DataLayout) -> None:
+        self.names = value_columns(layout.step_shape, None)
+        self._step_shape = layout.step_shape
+        self._items = int(np.prod(layout.step_shape, dtype=np.int64))
         value_type = pa.from_numpy_dtype(layout.dtype)
-        items = int(np.prod(layout.step_shape, dtype=np.int64))
         fields = [pa.field("series", pa.int32()), pa.field("row", pa.int64())]
         if len(layout.step_shape) > 1:
-            fields.append(pa.field("values", pa.list_(value_type, items)))
+            fields.append(pa.field("values", pa.list_(value_type, self._items)))
         else:
-            fields += [pa.field(name, value_type) for name in self._names]
-        self._schema = pa.schema(fields)
-        self._items = items
-        self._row_bytes = max(1, layout.dtype.itemsize * items)
-        self._writer: pq.ParquetWriter | None = None
-        self._files: list[dict[str, Any]] = []
+            fields += [pa.field(name, value_type) for name in self.names]
+        self.schema = pa.schema(fields)
 
-    def _table(self, series_id: int, first: int, rows: np.ndarray) -> pa.Table:
-        n = len(rows)
-        arrays: list[pa.Array] = [pa.array(np.full(n, series_id, dtype=np.int32)),
-                                  pa.array(np.arange(first, first + n, dtype=np.int64))]
-        if len(self._layout.step_shape) > 1:
+    def __call__(self, piece: Piece) -> pa.Table:
+        rows, n = piece.rows, len(piece.rows)
+        arrays: list[pa.Array] = [
+            pa.array(np.full(n, piece.series_id, dtype=np.int32)),
+            pa.array(np.arange(piece.local_start, piece.local_start + n, dtype=np.int64))]
+        if len(self._step_shape) > 1:
             flat = pa.array(np.ascontiguousarray(rows).reshape(-1))
             arrays.append(pa.FixedSizeListArray.from_arrays(flat, self._items))
-        elif self._layout.step_shape:
+        elif self._step_shape:
             arrays += [pa.array(np.ascontiguousarray(rows[:, i])) for i in range(rows.shape[1])]
         else:
             arrays.append(pa.array(rows))
-        return pa.Table.from_arrays(arrays, schema=self._schema)
-
-    def _open_file(self, first_global_row: int) -> pq.ParquetWriter:
-        if self._writer is None or self._files[-1]["raw_bytes"] >= FILE_BYTES:
-            self._close_file()
-            name = f"part-{len(self._files):05d}.parquet"
-            compression = None if self._layout.compression == "none" else self._layout.compression
-            self._writer = pq.ParquetWriter(
-                self._dir / name, self._schema, compression=compression,
-                write_page_checksum=True, write_statistics=True, use_dictionary=["series"])
-            self._files.append({"path": f"data/{name}", "first_row": first_global_row,
-                                "rows": 0, "raw_bytes": 0})
-        return self._writer
-
-    def _close_file(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    def write_series(self, series_id: int, first_row: int, blocks: Iterator[np.ndarray]) -> None:
-        block_rows = self._layout.block_rows
-        local = 0  # rows of this series written so far
-        pending: list[np.ndarray] = []
-        pending_rows = 0
-        for block in blocks:
-            while len(block):
-                global_row = first_row + local + pending_rows
-                room = block_rows - global_row % block_rows  # rows left in this storage block
-                take = min(room, len(block))
-                pending.append(block[:take])
-                pending_rows += take
-                block = block[take:]
-                if take == room:
-                    self._write_group(series_id, first_row, local, pending)
-                    local += pending_rows
-                    pending, pending_rows = [], 0
-        if pending:
-            self._write_group(series_id, first_row, local, pending)
-
-    def _write_group(self, series_id: int, first_row: int, local: int,
-                     parts: list[np.ndarray]) -> None:
-        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        writer = self._open_file(first_row + local)
-        writer.write_table(self._table(series_id, local, rows), row_group_size=len(rows))
-        self._files[-1]["rows"] += len(rows)
-        self._files[-1]["raw_bytes"] += len(rows) * self._row_bytes
-
-    def close(self) -> dict[str, Any]:
-        self._close_file()
-        return {"files": [{k: f[k] for k in ("path", "first_row", "rows")} for f in self._files],
-                "columns": self._names}
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
 class ParquetRowReader:
@@ -199,9 +145,30 @@ class ParquetRowReader:
 class ParquetFormat:
     name: str = "parquet"
     compressions: tuple[str, ...] = ("zstd", "gzip", "none")
+    default_compression: str = "zstd"
 
-    def create_writer(self, data_dir: Path, layout: DataLayout) -> ParquetRowWriter:
-        return ParquetRowWriter(data_dir, layout)
+    def min_block_rows(self, spec: WindowSpec) -> int:
+        return spec.span
+
+    def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
+        pass
+
+    def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
+                    pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
+        """One part file per shard, one row group per piece."""
+        name = f"part-{shard.number:05d}.parquet"
+        build = _TableBuilder(layout)
+        compression = None if layout.compression == "none" else layout.compression
+        with pq.ParquetWriter(data_dir / name, build.schema, compression=compression,
+                              write_page_checksum=True, write_statistics=True,
+                              use_dictionary=["series"]) as writer:
+            for piece in pieces:
+                writer.write_table(build(piece), row_group_size=max(1, len(piece.rows)))
+        return {"path": f"data/{name}", "first_row": shard.first_row, "rows": shard.rows}
+
+    def finish(self, data_dir: Path, layout: DataLayout,
+               shards: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"files": shards, "columns": value_columns(layout.step_shape, None)}
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
                     step_shape: tuple[int, ...], block_rows: int) -> ParquetRowReader:

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from windowkit.errors import StoreError
-from windowkit.formats.base import DataLayout
+from windowkit.formats.base import DataLayout, Piece, ReadSeries, ShardTask
+from windowkit.spec import WindowSpec
 
 _WRITE_BYTES = 16 << 20  # rows buffered before one multi-chunk write
 
@@ -22,56 +23,35 @@ def _compressors(compression: str) -> list[Any]:
     return [*codecs[compression], Crc32cCodec()]  # names checked by convert
 
 
-class ZarrRowWriter:
-    """Appends rows into a pre-sized Zarr array, one chunk-aligned slab at a time."""
+class _SlabWriter:
+    """Buffers consecutive rows and writes them to the array in chunk-aligned slabs."""
 
-    def __init__(self, data_dir: Path, layout: DataLayout) -> None:
-        import zarr
-
-        self._layout = layout
-        self._array = zarr.create_array(
-            store=str(data_dir),
-            shape=(layout.total_rows, *layout.step_shape),
-            chunks=(layout.block_rows, *layout.step_shape),
-            dtype=layout.dtype,
-            compressors=_compressors(layout.compression),
-            fill_value=0,
-            config={"write_empty_chunks": True},
-            zarr_format=3,
-        )
-        row_bytes = max(1, layout.dtype.itemsize * int(np.prod(layout.step_shape)))
-        chunks_per_write = max(1, _WRITE_BYTES // (row_bytes * layout.block_rows))
+    def __init__(self, array: Any, layout: DataLayout, first_row: int) -> None:
+        chunks_per_write = max(1, _WRITE_BYTES // (layout.row_bytes * layout.block_rows))
+        self._array = array
         self._slab = np.empty(
-            (chunks_per_write * layout.block_rows, *layout.step_shape), dtype=layout.dtype
-        )
-        self._slab_start = 0  # global row of slab[0]
+            (chunks_per_write * layout.block_rows, *layout.step_shape), dtype=layout.dtype)
+        self._slab_start = first_row  # global row of slab[0]
         self._filled = 0
 
-    def write_series(self, series_id: int, first_row: int, blocks: Iterator[np.ndarray]) -> None:
-        if first_row != self._slab_start + self._filled:
-            raise StoreError(f"series {series_id} does not follow the previous series' rows")
-        for block in blocks:
-            while len(block):
-                take = min(len(block), len(self._slab) - self._filled)
-                self._slab[self._filled:self._filled + take] = block[:take]
-                self._filled += take
-                block = block[take:]
-                if self._filled == len(self._slab):
-                    self._flush()
+    def write(self, global_start: int, rows: np.ndarray) -> None:
+        if global_start != self._slab_start + self._filled:
+            raise StoreError(f"rows from {global_start} do not follow the rows written before")
+        while len(rows):
+            take = min(len(rows), len(self._slab) - self._filled)
+            self._slab[self._filled:self._filled + take] = rows[:take]
+            self._filled += take
+            rows = rows[take:]
+            if self._filled == len(self._slab):
+                self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> int:
+        """Write what is buffered; return the global row after the last one written."""
         if self._filled:
             stop = self._slab_start + self._filled
             self._array[self._slab_start:stop] = self._slab[: self._filled]
             self._slab_start, self._filled = stop, 0
-
-    def close(self) -> dict[str, Any]:
-        self._flush()
-        if self._slab_start != self._layout.total_rows:
-            raise StoreError(
-                f"wrote {self._slab_start} rows, expected {self._layout.total_rows}"
-            )
-        return {"array": ".", "chunk_rows": self._layout.block_rows}
+        return self._slab_start
 
 
 class ZarrRowReader:
@@ -117,9 +97,43 @@ class ZarrRowReader:
 class ZarrFormat:
     name: str = "zarr"
     compressions: tuple[str, ...] = ("zstd", "gzip", "none")
+    default_compression: str = "zstd"
 
-    def create_writer(self, data_dir: Path, layout: DataLayout) -> ZarrRowWriter:
-        return ZarrRowWriter(data_dir, layout)
+    def min_block_rows(self, spec: WindowSpec) -> int:
+        return spec.span
+
+    def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
+        """Create the array (metadata only); shards then fill disjoint chunks."""
+        import zarr
+
+        zarr.create_array(
+            store=str(data_dir),
+            shape=(layout.total_rows, *layout.step_shape),
+            chunks=(layout.block_rows, *layout.step_shape),
+            dtype=layout.dtype,
+            compressors=_compressors(layout.compression),
+            fill_value=0,
+            config={"write_empty_chunks": True},
+            zarr_format=3,
+        )
+
+    def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
+                    pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
+        import zarr
+
+        array = zarr.open_array(store=str(data_dir), mode="r+")
+        slab = _SlabWriter(array, layout, shard.first_row)
+        for piece in pieces:
+            slab.write(piece.global_start, piece.rows)
+        end = slab.flush()
+        if end != shard.first_row + shard.rows:
+            raise StoreError(f"shard {shard.number} wrote rows up to {end}, expected "
+                             f"{shard.first_row + shard.rows}")
+        return {"rows": shard.rows}
+
+    def finish(self, data_dir: Path, layout: DataLayout,
+               shards: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"array": ".", "chunk_rows": layout.block_rows}
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
                     step_shape: tuple[int, ...], block_rows: int) -> ZarrRowReader:
