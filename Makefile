@@ -17,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-DEMO_FORMATS := zarr parquet
+DEMO_FORMATS := tfrecord zarr parquet
 
 demo: $(STAMP)
 	rm -rf $(DEMO)

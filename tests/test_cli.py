@@ -49,15 +49,23 @@ def test_convert_then_inspect(npy_dir: Path, fmt: str) -> None:
 def test_format_choice_lists_all_three() -> None:
     result = run("convert", "--help")
     assert "[tfrecord|zarr|parquet]" in result.output
+    assert sorted(wk.FORMATS) == sorted(wk.FORMAT_NAMES)
 
 
-@pytest.mark.parametrize("fmt", sorted(set(wk.FORMAT_NAMES) - set(wk.FORMATS)))
-def test_format_not_yet_available_is_one_line(npy_dir: Path, fmt: str) -> None:
-    result = run("convert", npy_dir / "a.npy", "--format", fmt, "--out", npy_dir / "s",
-                 "--window", 4)
-    assert result.exit_code == 2
-    assert result.output.strip().count("\n") == 0
-    assert f"format {fmt!r} is not available" in result.output
+@pytest.mark.parametrize(("size", "expected"), [
+    ("64MiB", 64 << 20), ("1GB", 10**9), ("1048576", 1 << 20), ("1.5KiB", 1536)])
+def test_shard_size_parses_units(npy_dir: Path, size: str, expected: int) -> None:
+    out = npy_dir / "s"
+    result = run("convert", npy_dir / "a.npy", "--format", "parquet", "--out", out,
+                 "--window", 4, "--shard-size", size, "-q")
+    assert result.exit_code == 0, result.output
+    assert wk.open_store(out).info["options"]["shard_size"] == expected
+
+
+def test_bad_shard_size_is_refused(npy_dir: Path) -> None:
+    result = run("convert", npy_dir / "a.npy", "--format", "parquet", "--out", npy_dir / "s",
+                 "--window", 4, "--shard-size", "lots")
+    assert result.exit_code == 2 and "'lots' is not a size" in result.output
     assert not (npy_dir / "s").exists()
 
 
@@ -68,6 +76,8 @@ def test_format_not_yet_available_is_one_line(npy_dir: Path, fmt: str) -> None:
     (["a.npy", "--window", "4", "--horizon", "-1"], "horizon must be an integer >= 0, got -1"),
     (["a.npy", "--window", "4", "--sampling-rate", "0"], "sampling rate must be"),
     (["a.npy", "--window", "4", "--block-rows", "0"], "block rows must be an integer >= 1"),
+    (["a.npy", "--window", "4", "--workers", "0"], "workers must be an integer >= 1, got 0"),
+    (["a.npy", "--window", "4", "--shards", "0"], "shards must be an integer >= 1, got 0"),
 ])
 def test_bad_input_is_one_clear_line(npy_dir: Path, fmt: str, args: list[str],
                                      message: str) -> None:

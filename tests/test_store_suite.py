@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import windowkit as wk
-from windowkit.formats import get_format
 from tests.conftest import collect_epoch, oracle_windows, window_keys
+from windowkit.formats import get_format
 
 DTYPES = [np.float16, np.float32, np.float64, np.int32]
 STEP_SHAPES = st.sampled_from([(), (1,), (3,), (2, 3, 2)])
@@ -215,3 +215,39 @@ def test_compressions(fmt: str, tmp_path: Path, compression: str) -> None:
     store = wk.convert(series, tmp_path / "s", format=fmt, window=5, compression=compression,
                        block_rows=16)
     np.testing.assert_array_equal(store.windows("train", [95])[0], series[0][95:100])
+
+
+def _data_and_index_bytes(store: wk.Store) -> dict[str, bytes]:
+    return {str(p.relative_to(store.path)): p.read_bytes()
+            for p in sorted(store.path.rglob("*")) if p.is_file() and p.suffix != ".json"}
+
+
+def test_parallel_convert_writes_the_same_store(fmt: str, tmp_path: Path) -> None:
+    series = _numbered_series([700, 45, 900])
+    spec = wk.WindowSpec(6, stride=2, horizon=1)
+    one = wk.convert(series, tmp_path / "one", format=fmt, window=spec, block_rows=64,
+                     shards=5)
+    two = wk.convert(series, tmp_path / "two", format=fmt, window=spec, block_rows=64,
+                     shards=5, workers=2)
+    assert _data_and_index_bytes(one) == _data_and_index_bytes(two)
+    assert one.info["normalization"] == two.info["normalization"]
+    assert one.info["data"] == two.info["data"]
+
+
+def test_parallel_convert_reports_the_first_bad_row(fmt: str, tmp_path: Path) -> None:
+    series = _numbered_series([300, 300])
+    series[1][123, 1] = np.nan
+    with pytest.raises(wk.SourceError, match="series '1': row 123, column 1 is nan"):
+        wk.convert(series, tmp_path / "s", format=fmt, window=4, block_rows=32, shards=4,
+                   workers=2)
+    assert not list(tmp_path.iterdir())
+
+
+def test_batches_can_be_prefetched_to_a_device(fmt: str, tmp_path: Path) -> None:
+    series = _numbered_series([60])
+    store = wk.convert(series, tmp_path / "s", format=fmt, window=4)
+    x = collect_epoch(store.tf_dataset("train", 8, shuffle=False, device="/CPU:0"))[0]
+    np.testing.assert_array_equal(x, oracle_windows(series, store.spec)[0])
+    with pytest.raises(wk.InvalidSpecError, match=r"device '/GPU:7' is not available on this "
+                                                  r"machine; available: .*CPU:0"):
+        store.tf_dataset("train", 8, device="/GPU:7")

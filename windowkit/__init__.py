@@ -7,7 +7,6 @@ length)``, resolve windows in vectorized batches at read time.
 from windowkit._version import __version__
 from windowkit.convert import convert
 from windowkit.errors import (
-    FormatNotAvailableError,
     InvalidSpecError,
     SourceError,
     SourceNotFoundError,
@@ -22,7 +21,6 @@ from windowkit.store import Store, open_store
 __all__ = [
     "FORMATS",
     "FORMAT_NAMES",
-    "FormatNotAvailableError",
     "InvalidSpecError",
     "SourceError",
     "SourceNotFoundError",

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -32,6 +33,28 @@ def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class ByteSize(click.ParamType):
+    """A size such as ``64MiB``, ``1GB`` or ``1048576`` (bytes)."""
+
+    name = "size"
+    _UNITS: ClassVar[dict[str, int]] = {
+        "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else ""
+        if match is None or unit not in self._UNITS:
+            self.fail(f"{value!r} is not a size (examples: 64MiB, 1GB, 1048576)", param, ctx)
+        size = int(float(match.group(1)) * self._UNITS[unit])
+        if size < 1:
+            self.fail(f"{value!r} is not a positive size", param, ctx)
+        return size
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="windowkit")
 def main() -> None:
@@ -49,17 +72,25 @@ def main() -> None:
               help="Rows between the steps of a window.")
 @click.option("--horizon", type=int, default=0, show_default=True,
               help="Target steps after the inputs (0: inputs only).")
-@click.option("--compression", default="zstd", show_default=True,
-              type=click.Choice(["zstd", "gzip", "none"]))
+@click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default=None,
+              help="Data compression [default: zstd for zarr and parquet, none for tfrecord].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed recorded for splits.")
 @click.option("--block-rows", type=int, default=None,
-              help="Rows per storage block (chunk); default: a power of two near 1 MiB.")
+              help="Rows per storage block (chunk, record, row group); default: a power of "
+                   "two near 1 MiB.")
+@click.option("--shard-size", type=ByteSize(), default="64MiB", show_default=True,
+              help="Raw bytes of rows per data file (TFRecord shard, Parquet part).")
+@click.option("--shards", type=int, default=None, help="Number of data files (overrides "
+              "--shard-size).")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Processes writing shards in parallel.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
 def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: int,
-            sampling_rate: int, horizon: int, compression: str, seed: int,
-            block_rows: int | None, overwrite: bool, quiet: bool) -> None:
+            sampling_rate: int, horizon: int, compression: str | None, seed: int,
+            block_rows: int | None, shard_size: int, shards: int | None, workers: int,
+            overwrite: bool, quiet: bool) -> None:
     """Convert SOURCES (.npy files or globs, one series each) into a store."""
     from windowkit.convert import convert as run_convert
     from windowkit.spec import WindowSpec
@@ -67,7 +98,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     spec = WindowSpec(length=length, stride=stride, sampling_rate=sampling_rate, horizon=horizon)
     source: Any = sources[0] if len(sources) == 1 else list(sources)
     store = run_convert(source, out, format=fmt, window=spec, compression=compression,
-                        seed=seed, block_rows=block_rows, overwrite=overwrite,
+                        seed=seed, block_rows=block_rows, shard_size=shard_size,
+                        shards=shards, workers=workers, overwrite=overwrite,
                         progress=not quiet)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)

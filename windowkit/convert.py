@@ -32,12 +32,11 @@ from windowkit.spec import WindowSpec
 if TYPE_CHECKING:
     from windowkit.store import Store
 
-TARGET_BLOCK_BYTES = 1 << 20  # storage block (chunk) size: small for random access
 
 
-def choose_block_rows(row_bytes: int, min_rows: int) -> int:
-    """Rows per storage block: a power of two near 1 MiB, at least ``min_rows``."""
-    rows = max(1, TARGET_BLOCK_BYTES // max(1, row_bytes))
+def choose_block_rows(row_bytes: int, min_rows: int, target_bytes: int) -> int:
+    """Rows per storage block: a power of two near ``target_bytes``, at least ``min_rows``."""
+    rows = max(1, target_bytes // max(1, row_bytes))
     rows = 1 << round(np.log2(rows))
     while rows < min_rows:
         rows *= 2
@@ -102,7 +101,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
     defaults to the format's (zstd for Zarr and Parquet, none for TFRecord).
     ``block_rows`` sets the rows per storage block (Zarr chunk, TFRecord record,
-    Parquet row group); by default a power of two near 1 MiB. Data files
+    Parquet row group); by default a power of two near 1 MiB (256 KiB for
+    TFRecord). Data files
     (TFRecord shards, Parquet parts) hold about ``shard_size`` bytes of rows, or
     there are ``shards`` of them; ``workers`` processes write shards in
     parallel. Rows are streamed block by block: peak memory does not grow with
@@ -150,7 +150,8 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
     total_rows = int(rows.sum())
     layout = DataLayout(
         dtype=dtype, step_shape=step_shape, total_rows=total_rows,
-        block_rows=block_rows or choose_block_rows(row_bytes, storage.min_block_rows(spec)),
+        block_rows=block_rows or choose_block_rows(row_bytes, storage.min_block_rows(spec),
+                                                   storage.target_block_bytes),
         window=spec, compression=compression)
     data_dir = root / "data"
     data_dir.mkdir()

@@ -31,6 +31,3 @@ class StoreError(WindowkitError, OSError):
 class StoreExistsError(StoreError, FileExistsError):
     """The conversion target already exists and is not empty."""
 
-
-class FormatNotAvailableError(InvalidSpecError):
-    """The storage format is known but not implemented in this version."""

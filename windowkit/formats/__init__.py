@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from windowkit.errors import FormatNotAvailableError, InvalidSpecError
+from windowkit.errors import InvalidSpecError
 from windowkit.formats.base import DataLayout, RowReader, StorageFormat
 from windowkit.formats.parquet_rows import ParquetFormat
 from windowkit.formats.tfrecord_rows import TFRecordFormat
@@ -11,7 +11,7 @@ from windowkit.formats.zarr_rows import ZarrFormat
 #: Every format the CLI and API name, in the order they are listed to users.
 FORMAT_NAMES: tuple[str, ...] = ("tfrecord", "zarr", "parquet")
 
-#: The formats this version implements.
+#: Each format's implementation, by name.
 FORMATS: dict[str, StorageFormat] = {
     "tfrecord": TFRecordFormat(), "zarr": ZarrFormat(), "parquet": ParquetFormat()}
 
@@ -20,12 +20,6 @@ def get_format(name: str) -> StorageFormat:
     """The implementation of format ``name``, or a clear error listing valid ones."""
     if name in FORMATS:
         return FORMATS[name]
-    if name in FORMAT_NAMES:
-        available = ", ".join(sorted(FORMATS))
-        raise FormatNotAvailableError(
-            f"format {name!r} is not available in this version of windowkit yet; "
-            f"available: {available}"
-        )
     raise InvalidSpecError(
         f"{name!r} is not a valid format; valid formats: {', '.join(FORMAT_NAMES)}"
     )

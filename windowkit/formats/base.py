@@ -82,6 +82,7 @@ class StorageFormat(Protocol):
     name: str
     compressions: tuple[str, ...]
     default_compression: str
+    target_block_bytes: int  # default storage block size: small for random access
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         """The smallest storage block this format accepts for ``spec``."""

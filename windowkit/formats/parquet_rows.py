@@ -146,6 +146,7 @@ class ParquetFormat:
     name: str = "parquet"
     compressions: tuple[str, ...] = ("zstd", "gzip", "none")
     default_compression: str = "zstd"
+    target_block_bytes: int = 1 << 20
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         return spec.span

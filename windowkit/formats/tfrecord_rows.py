@@ -54,6 +54,7 @@ class TFRecordFormat:
     name: str = "tfrecord"
     compressions: tuple[str, ...] = ("none", "gzip")
     default_compression: str = "none"
+    target_block_bytes: int = 256 << 10
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         return max(spec.span, int(np.ceil((spec.span - 1) / MAX_HALO_FRACTION)))

@@ -98,6 +98,7 @@ class ZarrFormat:
     name: str = "zarr"
     compressions: tuple[str, ...] = ("zstd", "gzip", "none")
     default_compression: str = "zstd"
+    target_block_bytes: int = 1 << 20
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         return spec.span

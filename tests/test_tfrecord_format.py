@@ -1,0 +1,146 @@
+"""What only the TFRecord format promises: plain-tf.data interop, a pure graph,
+shards, halos, on-disk size, and CRC-checked random access."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import windowkit as wk
+from tests.conftest import collect_epoch, oracle_windows
+
+
+def _series(lengths: list[int], features: int = 3, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n, features)).astype(np.float32) for n in lengths]
+
+
+def _read_without_windowkit(data_dir: Path, compression: str = "") -> list[dict]:
+    """Read a store's records exactly as the README tells users to, with plain tf.data."""
+    features = {
+        "series": tf.io.FixedLenFeature([], tf.int64),
+        "row": tf.io.FixedLenFeature([], tf.int64),
+        "rows": tf.io.FixedLenFeature([], tf.int64),
+        "halo": tf.io.FixedLenFeature([], tf.int64),
+        "shape": tf.io.VarLenFeature(tf.int64),
+        "data": tf.io.FixedLenFeature([], tf.string),
+    }
+    files = sorted(str(p) for p in data_dir.glob("part-*.tfrecord"))
+    out = []
+    for serialized in tf.data.TFRecordDataset(files, compression_type=compression):
+        record = tf.io.parse_single_example(serialized, features)
+        shape = tf.sparse.to_dense(record["shape"])
+        values = tf.reshape(tf.io.decode_raw(record["data"], tf.float32),
+                            tf.concat([[-1], shape], axis=0))
+        out.append({key: int(record[key]) for key in ("series", "row", "rows", "halo")}
+                   | {"values": values.numpy()})
+    return out
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_plain_tf_data_reads_every_row_and_halo(tmp_path: Path, compression: str) -> None:
+    series = _series([300, 17, 450])
+    spec = wk.WindowSpec(8, horizon=2)
+    store = wk.convert(series, tmp_path / "s", format="tfrecord", window=spec, block_rows=64,
+                       compression=compression, shards=3)
+    records = _read_without_windowkit(store.path / "data",
+                                      "GZIP" if compression == "gzip" else "")
+    rebuilt: dict[int, list[np.ndarray]] = {0: [], 1: [], 2: []}
+    for record in records:
+        values, sid, row = record["values"], record["series"], record["row"]
+        assert len(values) == record["rows"] + record["halo"]
+        assert record["halo"] == min(spec.span - 1, len(series[sid]) - row - record["rows"])
+        np.testing.assert_array_equal(values, series[sid][row:row + len(values)])
+        rebuilt[sid].append(values[:record["rows"]])
+    for sid, parts in rebuilt.items():
+        np.testing.assert_array_equal(np.concatenate(parts), series[sid])
+
+
+def test_shards_are_named_and_counted(tmp_path: Path) -> None:
+    store = wk.convert(_series([1000]), tmp_path / "s", format="tfrecord", window=4,
+                       block_rows=32, shards=3)
+    names = sorted(p.name for p in (store.path / "data").glob("*.tfrecord"))
+    assert names == [f"part-0000{i}-of-00003.tfrecord" for i in range(3)]
+    assert [s["records"] for s in store.info["data"]["shards"]] == [10, 11, 11]  # 32 blocks
+
+
+def test_uncompressed_size_stays_within_five_percent_of_raw(tmp_path: Path) -> None:
+    rows = np.random.default_rng(0).normal(size=(20_000, 16)).astype(np.float32)
+    store = wk.convert([rows] * 3, tmp_path / "s", format="tfrecord", window=32)
+    on_disk = sum(p.stat().st_size for p in (store.path / "data").glob("*.tfrecord"))
+    assert on_disk <= 1.05 * rows.nbytes * 3
+
+
+def _graph_ops(ds: tf.data.Dataset) -> set[str]:
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops |= {node.op for node in function.node_def}
+    return ops
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_reader_graph_is_pure_tensorflow_with_parallel_interleave(tmp_path: Path,
+                                                                  shuffle: bool) -> None:
+    store = wk.convert(_series([500, 300]), tmp_path / "s", format="tfrecord",
+                       window=wk.WindowSpec(8, horizon=1), block_rows=64, shards=2)
+    ops = _graph_ops(store.tf_dataset("train", 32, shuffle=shuffle, normalize=True))
+    assert not {op for op in ops if "PyFunc" in op}, "a Python function in the read path"
+    assert any(op.startswith("ParallelInterleaveDataset") for op in ops)
+    assert {"ParseExampleV2", "DecodePaddedRaw", "GatherV2"} <= ops
+    # the other formats do resolve batches in Python, by design (DESIGN §5)
+    other = wk.convert(_series([500]), tmp_path / "z", format="zarr", window=8)
+    assert any("PyFunc" in op for op in _graph_ops(other.tf_dataset("train", 32)))
+
+
+def test_random_access_detects_a_flipped_byte(tmp_path: Path) -> None:
+    series = _series([400])
+    store = wk.convert(series, tmp_path / "s", format="tfrecord", window=8, block_rows=64)
+    shard = next((store.path / "data").glob("*.tfrecord"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    reopened = wk.open_store(store.path)
+    with pytest.raises(wk.StoreError, match=rf"{shard.name}: record \d+ at byte \d+: .*CRC"):
+        reopened.windows("train", np.arange(reopened.num_windows("train")))
+    with pytest.raises(tf.errors.DataLossError):
+        collect_epoch(reopened.tf_dataset("train", 16))
+
+
+def test_random_access_detects_truncation(tmp_path: Path) -> None:
+    store = wk.convert(_series([400]), tmp_path / "s", format="tfrecord", window=8,
+                       block_rows=64)
+    shard = next((store.path / "data").glob("*.tfrecord"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(wk.StoreError, match=rf"{shard.name}: record 6 at byte \d+: "
+                                            r"file is truncated"):
+        wk.open_store(store.path).windows("train", [390])
+
+
+def test_gzip_store_round_trips_through_both_readers(tmp_path: Path) -> None:
+    series = _series([333, 90])
+    spec = wk.WindowSpec(5, stride=2, horizon=1)
+    store = wk.convert(series, tmp_path / "s", format="tfrecord", window=spec,
+                       compression="gzip", block_rows=40)
+    expected_x, expected_y = oracle_windows(series, spec)
+    x, y = store.windows("train", np.arange(len(expected_x)))
+    np.testing.assert_array_equal(x, expected_x)
+    np.testing.assert_array_equal(y, expected_y)
+    got_x, got_y = collect_epoch(store.tf_dataset("train", 64, shuffle=False))
+    np.testing.assert_array_equal(got_x, expected_x)
+    np.testing.assert_array_equal(got_y, expected_y)
+
+
+def test_shuffle_blocks_bounds_how_far_windows_travel(tmp_path: Path) -> None:
+    """With one block per group, each batch's windows come from one or two blocks."""
+    rows = np.arange(4096, dtype=np.float32)[:, None]
+    store = wk.convert([rows], tmp_path / "s", format="tfrecord", window=4, block_rows=256)
+    starts = collect_epoch(store.tf_dataset("train", 64, shuffle_blocks=1, seed=5))[0][:, 0, 0]
+    assert sorted(starts.tolist()) == list(range(4093))
+    assert not np.array_equal(starts, np.sort(starts))
+    blocks = starts.astype(np.int64) // 256
+    assert max(len(np.unique(blocks[i:i + 64])) for i in range(0, len(blocks), 64)) <= 2
