@@ -22,6 +22,8 @@ from windowkit.stats import Normalizer
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from windowkit.keras_data import WindowPyDataset
+
 Windows = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
@@ -179,3 +181,17 @@ class Store:
 
             ds = prefetch_to_device(ds, device)
         return ds
+
+    def keras_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,
+                      seed: int = 0, drop_remainder: bool = False, normalize: bool = False,
+                      workers: int = 1, use_multiprocessing: bool = False,
+                      max_queue_size: int = 10,
+                      cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowPyDataset:
+        """A ``keras.utils.PyDataset`` of batches of windows, a
+        :class:`windowkit.keras_data.WindowPyDataset` (see that module)."""
+        from windowkit.keras_data import WindowPyDataset
+
+        return WindowPyDataset(self, split, batch_size, shuffle=shuffle, seed=seed,
+                               drop_remainder=drop_remainder, normalize=normalize,
+                               workers=workers, use_multiprocessing=use_multiprocessing,
+                               max_queue_size=max_queue_size, cache_bytes=cache_bytes)

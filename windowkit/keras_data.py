@@ -1,0 +1,157 @@
+"""The Keras reader: a ``keras.utils.PyDataset`` of whole batches (DESIGN §5).
+
+``__getitem__(i)`` finds the windows of batch ``i`` in the epoch's seeded order
+(:class:`windowkit.order.EpochOrder`, random access, so Keras workers may ask for
+batches in any order) and resolves them with one vectorized gather over a block
+cache. ``on_epoch_end`` moves on to the next epoch's order.
+
+The dataset pickles as the store's path plus its arguments (the compact window
+runs travel along); each process builds its own block cache on first use, so it
+works with ``workers > 1`` threads and with ``use_multiprocessing=True``.
+
+The dataset already shuffles: pass ``shuffle=False`` to ``model.fit``, which
+otherwise also shuffles the batch order and so defeats the block cache.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import keras
+import numpy as np
+
+from windowkit.errors import InvalidSpecError
+from windowkit.gather import DEFAULT_CACHE_BYTES, WindowGather
+from windowkit.order import EpochOrder, WindowOrder, num_batches
+from windowkit.stats import Normalizer
+
+if TYPE_CHECKING:
+    from windowkit.store import Store
+
+Batch = np.ndarray | tuple[np.ndarray, np.ndarray]
+
+# attributes built per process, never pickled
+_PROCESS_LOCAL = ("_lock", "_pid", "_local", "_current")
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class _Local:
+    """What one process builds to read batches."""
+
+    gather: WindowGather
+    order: WindowOrder
+    normalizer: Normalizer | None
+
+
+class WindowPyDataset(keras.utils.PyDataset):
+    """Batches of windows of one split of a store: ``x``, or ``(x, y)`` with a horizon.
+
+    Build it with :meth:`windowkit.Store.keras_dataset`.
+    """
+
+    def __init__(self, store: Store, split: str = "train", batch_size: int = 256, *,
+                 shuffle: bool = True, seed: int = 0, drop_remainder: bool = False,
+                 normalize: bool = False, workers: int = 1, use_multiprocessing: bool = False,
+                 max_queue_size: int = 10, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        super().__init__(workers=_check_int("workers", workers, 0),
+                         use_multiprocessing=bool(use_multiprocessing),
+                         max_queue_size=_check_int("max_queue_size", max_queue_size, 1))
+        self.store = store
+        self.split = split
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.shuffle = bool(shuffle)
+        self.seed = _check_int("seed", seed, 0)
+        self.drop_remainder = bool(drop_remainder)
+        self.normalize = bool(normalize)
+        self.cache_bytes = _check_int("cache_bytes", cache_bytes, 1)
+        self.runs = store.runs(split)  # checks the split; compact, pickles with the dataset
+        if normalize:
+            store.normalizer()  # fail now, not in a worker, if the store has no statistics
+        self._epoch = 0
+        self._reset_process_state()
+
+    # -- pickling and per-process state ---------------------------------------------
+    def _reset_process_state(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._local: _Local | None = None
+        self._current: tuple[int, EpochOrder] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in _PROCESS_LOCAL}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    def _process_local(self) -> _Local:
+        if self._pid != os.getpid():  # a forked worker: the parent's lock and cache are not ours
+            self._reset_process_state()
+        with self._lock:
+            if self._local is None:
+                gather = self.store.window_gather(self.cache_bytes)
+                order = WindowOrder(
+                    self.runs, shuffle=self.shuffle, seed=self.seed,
+                    block_rows=gather.pool.block_rows, total_rows=self.store.manifest.total_rows,
+                    blocks_per_group=gather.blocks_per_group)
+                norm = self.store.normalizer() if self.normalize else None
+                self._local = _Local(gather, order, norm)
+            return self._local
+
+    def _epoch_order(self, local: _Local) -> EpochOrder:
+        epoch, current = self._epoch, self._current
+        if current is None or current[0] != epoch:
+            current = (epoch, local.order.epoch(epoch))
+            self._current = current
+        return current[1]
+
+    # -- the PyDataset protocol ------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order ``__getitem__`` follows (0 first); settable to resume."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch = _check_int("epoch", value, 0)
+
+    @property
+    def num_windows(self) -> int:
+        return self.runs.total
+
+    def __len__(self) -> int:
+        return num_batches(self.runs.total, self.batch_size, self.drop_remainder)
+
+    def __getitem__(self, index: int) -> Batch:
+        """Batch ``index`` of the current epoch (negative counts from the end)."""
+        i = operator.index(index)
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"batch {index} is out of range for {n} batches")
+        i %= n
+        local = self._process_local()
+        x, y = local.gather(self._epoch_order(local).batch(i, self.batch_size))
+        if local.normalizer is not None:
+            x = local.normalizer(x)
+            y = local.normalizer(y) if y is not None else None
+        return x if y is None else (x, y)
+
+    def on_epoch_end(self) -> None:
+        """Move on to the next epoch's order (``fit`` also calls this once before
+        its first epoch, which therefore reads order 1)."""
+        self._epoch += 1
+
+    def __repr__(self) -> str:
+        return (f"<windowkit.WindowPyDataset {str(self.store.path)!r} split={self.split!r} "
+                f"batches={len(self)} batch_size={self.batch_size} shuffle={self.shuffle} "
+                f"epoch={self._epoch}>")
