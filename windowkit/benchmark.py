@@ -85,6 +85,18 @@ def child_windowkit(store_path: str, batches: str) -> dict[str, Any]:
             "peak_rss_mb": peak_rss_mb()}
 
 
+def child_keras(store_path: str, batches: str) -> dict[str, Any]:
+    """``keras_dataset`` iterated batch by batch, as Keras' data adapter does."""
+    import windowkit as wk
+
+    ds = wk.open_store(store_path).keras_dataset("train", BATCH, shuffle=True, seed=0)
+    limit = len(ds) if batches == "epoch" else min(len(ds), int(batches))
+    batch_iter = (ds[i] for i in range(limit))
+    windows, seconds = _time_batches(batch_iter, None)
+    return {"windows_s": windows / seconds, "windows": windows, "seconds": seconds,
+            "peak_rss_mb": peak_rss_mb()}
+
+
 def child_materialized(source_dir: str, batches: str) -> dict[str, Any]:
     """The plain approach: every window in memory, ``shuffle(10000).batch(B)``."""
     import tensorflow as tf
@@ -106,7 +118,7 @@ def child_tf_import() -> dict[str, Any]:
 
 
 CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
-    "convert": child_convert, "windowkit": child_windowkit,
+    "convert": child_convert, "windowkit": child_windowkit, "keras": child_keras,
     "materialized": child_materialized, "tf_import": child_tf_import,
 }
 
@@ -141,11 +153,13 @@ def throughput(rounds: int) -> None:
     conv = {f: _run_child("convert", str(source_dir / "*.npy"), str(OUT / f"throughput-{f}"), f)
             for f in formats}
     tf_base = _run_child("tf_import")
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in ["materialized", *formats]}
+    readers = [(f, reader) for f in formats for reader in ("tf_dataset", "keras_dataset")]
+    results: dict[Any, list[dict[str, Any]]] = {key: [] for key in ["materialized", *readers]}
     for _ in range(rounds):  # alternate, so every reader sees the same machine load
         results["materialized"].append(_run_child("materialized", str(source_dir), "epoch"))
-        for f in formats:
-            results[f].append(_run_child("windowkit", str(OUT / f"throughput-{f}"), "epoch"))
+        for f, reader in readers:
+            child = "windowkit" if reader == "tf_dataset" else "keras"
+            results[(f, reader)].append(_run_child(child, str(OUT / f"throughput-{f}"), "epoch"))
     best = {k: max(v, key=lambda r: r["windows_s"]) for k, v in results.items()}
     plain = best["materialized"]["windows_s"]
     raw = conv[formats[0]]["raw_bytes"]
@@ -154,9 +168,9 @@ def throughput(rounds: int) -> None:
           f"best of {rounds} full epochs; machine: {os.cpu_count()} cores")
     print(f"{'reader':<46}{'windows/s':>11}{'vs plain':>10}{'peak RSS':>11}"
           f"{'disk/raw':>10}{'convert':>12}")
-    for f in formats:
-        r, c = best[f], conv[f]
-        print(f"{f + ' tf_dataset (windowkit)':<46}{r['windows_s']:>11,.0f}"
+    for f, reader in readers:
+        r, c = best[(f, reader)], conv[f]
+        print(f"{f + ' ' + reader + ' (windowkit)':<46}{r['windows_s']:>11,.0f}"
               f"{r['windows_s'] / plain:>9.2f}x{r['peak_rss_mb']:>8.0f} MB"
               f"{_disk_bytes(OUT / f'throughput-{f}') / raw:>9.2f}x"
               f"{c['convert_mb_s']:>7.0f} MB/s")
