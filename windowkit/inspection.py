@@ -16,6 +16,9 @@ def _human(size: float) -> str:
     return f"{size:.1f} TiB"  # pragma: no cover
 
 
+_BLOCK_NAMES = {"tfrecord": "record", "zarr": "chunk", "parquet": "row group"}
+
+
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A plain-dict summary of the store at ``path``."""
     store = open_store(path)
@@ -43,6 +46,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "data_bytes_on_disk": data_bytes,
         "store_bytes_on_disk": total_bytes,
         "files": len(m.files),
+        "data_files": len(m.data.get("shards") or m.data.get("files") or []),
     }
 
 
@@ -60,7 +64,9 @@ def render(summary: dict[str, Any]) -> str:
         ("series", f"{summary['series']} ({summary['too_short_series']} too short for a window)"),
         ("rows", f"{summary['rows']:,}"),
         *[(f"windows [{name}]", f"{count:,}") for name, count in summary["splits"].items()],
-        ("blocks", f"{summary['block_rows']:,} rows ({_human(summary['block_bytes'])}) per chunk"),
+        ("blocks", f"{summary['block_rows']:,} rows ({_human(summary['block_bytes'])}) per "
+                   f"{_BLOCK_NAMES.get(summary['format'], 'block')}"),
+        *([("data files", f"{summary['data_files']:,}")] if summary["data_files"] else []),
         ("compression", str(summary["compression"])),
         ("data on disk", f"{_human(on_disk)} vs {_human(raw)} raw{ratio}"),
         ("store on disk", f"{_human(summary['store_bytes_on_disk'])} in {summary['files']} files"),
