@@ -251,3 +251,11 @@ def test_batches_can_be_prefetched_to_a_device(fmt: str, tmp_path: Path) -> None
     with pytest.raises(wk.InvalidSpecError, match=r"device '/GPU:7' is not available on this "
                                                   r"machine; available: .*CPU:0"):
         store.tf_dataset("train", 8, device="/GPU:7")
+
+
+def test_tf_dataset_rejects_bad_arguments(fmt: str, tmp_path: Path) -> None:
+    store = wk.convert(_numbered_series([40]), tmp_path / "s", format=fmt, window=4)
+    with pytest.raises(wk.InvalidSpecError, match="batch_size must be an integer >= 1, got 0"):
+        store.tf_dataset("train", 0)
+    with pytest.raises(wk.InvalidSpecError, match="shuffle_blocks must be >= 1 or None, got 0"):
+        store.tf_dataset("train", 8, shuffle_blocks=0)

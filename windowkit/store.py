@@ -169,6 +169,11 @@ class Store:
         (:mod:`windowkit.tf_records`), the others by index batches resolved in
         parallel (:mod:`windowkit.tf_data`).
         """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if shuffle_blocks is not None and shuffle_blocks < 1:
+            raise InvalidSpecError(
+                f"shuffle_blocks must be >= 1 or None, got {shuffle_blocks!r}")
         if self.manifest.format == "tfrecord":
             from windowkit.tf_records import make_record_dataset as make
         else:

@@ -34,10 +34,6 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
                     cache_bytes: int) -> tf.data.Dataset:
     import tensorflow as tf
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if shuffle_blocks is not None and shuffle_blocks < 1:
-        raise InvalidSpecError(f"shuffle_blocks must be >= 1 or None, got {shuffle_blocks!r}")
     runs = store.runs(split)
     gather = store.window_gather(cache_bytes)
     group = gather.blocks_per_group if shuffle_blocks is None else shuffle_blocks

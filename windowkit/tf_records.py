@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError
 from windowkit.formats.tfrecord_rows import TFRecordRowReader
 from windowkit.index import WindowRuns
 from windowkit.order import num_batches
@@ -79,10 +78,6 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
                         cache_bytes: int) -> tf.data.Dataset:
     import tensorflow as tf
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if shuffle_blocks is not None and shuffle_blocks < 1:
-        raise InvalidSpecError(f"shuffle_blocks must be >= 1 or None, got {shuffle_blocks!r}")
     manifest, spec, step_shape = store.manifest, store.spec, store.step_shape
     reader = store.row_reader()
     assert isinstance(reader, TFRecordRowReader)
