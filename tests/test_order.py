@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
-from windowkit.order import WindowOrder, block_first_positions, epoch_batches, index_shuffle
+from windowkit.order import WindowOrder, block_first_positions, index_shuffle
 
 
 def _runs(series_starts: list[np.ndarray], rows: list[int], stride: int) -> WindowRuns:
@@ -111,15 +111,7 @@ def test_epoch_is_a_permutation_with_random_access(data: tuple, blocks_per_group
             reach = max(reach, hi)
             assert cluster <= blocks_per_group
         assert len(ids) == len(spans)
-    for size in (1, 3, 7):
-        batches = list(epoch_batches(runs, batch_size=size, shuffle=shuffle, seed=seed,
-                                     epoch=epoch, block_rows=block_rows, total_rows=total_rows,
-                                     blocks_per_group=blocks_per_group, drop_remainder=False))
-        np.testing.assert_array_equal(np.concatenate(batches) if batches else starts, starts)
-        dropped = list(epoch_batches(runs, batch_size=size, shuffle=shuffle, seed=seed,
-                                     epoch=epoch, block_rows=block_rows, total_rows=total_rows,
-                                     blocks_per_group=blocks_per_group, drop_remainder=True))
-        assert len(dropped) == total // size and all(len(b) == size for b in dropped)
+
 
 
 def test_groups_keep_reads_local() -> None:

@@ -259,3 +259,14 @@ def test_tf_dataset_rejects_bad_arguments(fmt: str, tmp_path: Path) -> None:
         store.tf_dataset("train", 0)
     with pytest.raises(wk.InvalidSpecError, match="shuffle_blocks must be >= 1 or None, got 0"):
         store.tf_dataset("train", 8, shuffle_blocks=0)
+
+
+def test_shuffle_blocks_bounds_how_far_windows_travel(fmt: str, tmp_path: Path) -> None:
+    """With one block per group, each batch's windows come from one or two blocks."""
+    rows = np.arange(4096, dtype=np.float32)[:, None]
+    store = wk.convert([rows], tmp_path / "s", format=fmt, window=4, block_rows=256)
+    starts = collect_epoch(store.tf_dataset("train", 64, shuffle_blocks=1, seed=5))[0][:, 0, 0]
+    assert sorted(starts.tolist()) == list(range(4093))
+    assert not np.array_equal(starts, np.sort(starts))
+    blocks = starts.astype(np.int64) // 256
+    assert max(len(np.unique(blocks[i:i + 64])) for i in range(0, len(blocks), 64)) <= 2

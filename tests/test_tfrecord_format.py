@@ -133,14 +133,3 @@ def test_gzip_store_round_trips_through_both_readers(tmp_path: Path) -> None:
     got_x, got_y = collect_epoch(store.tf_dataset("train", 64, shuffle=False))
     np.testing.assert_array_equal(got_x, expected_x)
     np.testing.assert_array_equal(got_y, expected_y)
-
-
-def test_shuffle_blocks_bounds_how_far_windows_travel(tmp_path: Path) -> None:
-    """With one block per group, each batch's windows come from one or two blocks."""
-    rows = np.arange(4096, dtype=np.float32)[:, None]
-    store = wk.convert([rows], tmp_path / "s", format="tfrecord", window=4, block_rows=256)
-    starts = collect_epoch(store.tf_dataset("train", 64, shuffle_blocks=1, seed=5))[0][:, 0, 0]
-    assert sorted(starts.tolist()) == list(range(4093))
-    assert not np.array_equal(starts, np.sort(starts))
-    blocks = starts.astype(np.int64) // 256
-    assert max(len(np.unique(blocks[i:i + 64])) for i in range(0, len(blocks), 64)) <= 2

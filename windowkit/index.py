@@ -172,6 +172,35 @@ class WindowRuns:
         within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
         return run_start + within * self.stride
 
+    def runs_per_block(self, block_first: np.ndarray, block_rows: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The windows whose start lies in each block of rows, as runs.
+
+        Block ``i`` covers global rows ``[block_first[i], block_first[i] +
+        block_rows[i])``. Returns ``(row_splits, first, count)``: block ``i``
+        holds runs ``row_splits[i]:row_splits[i+1]``, each ``count`` windows
+        starting at block-local rows ``first + k * stride``. Vectorized; the
+        result grows with runs and blocks, not windows.
+        """
+        low = np.asarray(block_first, dtype=np.int64)
+        high = low + np.asarray(block_rows, dtype=np.int64)
+        lo = np.searchsorted(self.global_last, low, side="left")
+        hi = np.searchsorted(self.global_first, high, side="left")
+        per_block = np.maximum(hi - lo, 0)
+        total = int(per_block.sum())
+        block = np.repeat(np.arange(len(low)), per_block)
+        run = np.repeat(lo, per_block) + (
+            np.arange(total) - np.repeat(np.cumsum(per_block) - per_block, per_block))
+        first, count = self.global_first[run], self.count[run]
+        k_lo = np.clip(-((first - low[block]) // self.stride), 0, count)
+        k_hi = np.clip(-((first - high[block]) // self.stride), 0, count)
+        keep = k_hi > k_lo
+        local_first = (first + k_lo * self.stride - low[block])[keep]
+        block = block[keep]
+        row_splits = np.concatenate([[0], np.cumsum(np.bincount(block, minlength=len(low)))])
+        return (row_splits.astype(np.int64), local_first.astype(np.int64),
+                (k_hi - k_lo)[keep].astype(np.int64))
+
     @classmethod
     def from_index(cls, path: Path, *, stride: int, row_offset: np.ndarray,
                    series_rows: np.ndarray) -> WindowRuns:

@@ -18,15 +18,12 @@ few arrays per storage block, whatever the number of windows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 from numpy.typing import ArrayLike
 
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
 
-ORDER_CHUNK = 1 << 16  # windows whose order is computed in one call
 _ROUNDS = 4  # Feistel rounds, each part twice (Luby-Rackoff: a pseudo-random permutation)
 _GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: spreads consecutive keys
 _ODD = np.uint64(0xD6E8FEB86659FD93)  # multiplier of the round hash
@@ -195,19 +192,3 @@ class WindowOrder:
         return EpochOrder(self.runs, shuffle=self.shuffle, seed=self.seed, epoch=epoch,
                           block_first=self._block_first,
                           blocks_per_group=self.blocks_per_group)
-
-
-def epoch_batches(runs: WindowRuns, *, batch_size: int, shuffle: bool, seed: int, epoch: int,
-                  block_rows: int, total_rows: int, blocks_per_group: int,
-                  drop_remainder: bool) -> Iterator[np.ndarray]:
-    """Yield batches of global window starts (int64) for one epoch, in the order
-    of :class:`EpochOrder` (computed ``ORDER_CHUNK`` windows at a time: per batch,
-    NumPy's call overhead would hold the GIL that the resolving threads need)."""
-    order = WindowOrder(runs, shuffle=shuffle, seed=seed, block_rows=block_rows,
-                        total_rows=total_rows, blocks_per_group=blocks_per_group).epoch(epoch)
-    stop = min(order.total, num_batches(order.total, batch_size, drop_remainder) * batch_size)
-    chunk = max(1, ORDER_CHUNK // batch_size) * batch_size
-    for lo in range(0, stop, chunk):
-        starts = order.starts(lo, min(stop, lo + chunk))
-        for i in range(0, len(starts), batch_size):
-            yield starts[i:i + batch_size]

@@ -16,13 +16,12 @@ group holds every record of the store, each epoch is a uniform permutation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from windowkit.formats.tfrecord_rows import TFRecordRowReader
-from windowkit.index import WindowRuns
-from windowkit.order import num_batches
+from windowkit.tf_data import BlockWindows, batch_cutter, default_group, finish_batches
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     from windowkit.store import Store
 
 MAX_CYCLE_LENGTH = 4  # shards read at once when shuffling
-PREFETCH_BATCHES = 8  # an autotuned buffer grew by ~35 MB here and gained nothing
-GROUP_SHARE = 6  # a group's rows are held ~6 times (buffer, batch, parse, decode)
 
 
 def _decoded_type(dtype: tf.DType) -> tf.DType:
@@ -46,33 +43,6 @@ def _decoded_type(dtype: tf.DType) -> tf.DType:
     return {1: tf.uint8, 2: tf.uint16, 4: tf.int32, 8: tf.int64}[dtype.size]
 
 
-def windows_per_record(runs: WindowRuns, record_first: np.ndarray, record_rows: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The split's windows whose start lies in each record, as runs.
-
-    Returns ``(row_splits, first, count)``: record ``i`` holds runs
-    ``row_splits[i]:row_splits[i+1]``, each ``count`` windows starting at record
-    rows ``first + k * stride``. Vectorized; size grows with runs, not windows.
-    """
-    low, high = record_first, record_first + record_rows
-    lo = np.searchsorted(runs.global_last, low, side="left")
-    hi = np.searchsorted(runs.global_first, high, side="left")
-    per_record = np.maximum(hi - lo, 0)
-    total = int(per_record.sum())
-    record = np.repeat(np.arange(len(low)), per_record)
-    run = np.repeat(lo, per_record) + (
-        np.arange(total) - np.repeat(np.cumsum(per_record) - per_record, per_record))
-    stride = runs.stride
-    first, count = runs.global_first[run], runs.count[run]
-    k_lo = np.clip(-((first - low[record]) // stride), 0, count)
-    k_hi = np.clip(-((first - high[record]) // stride), 0, count)
-    keep = k_hi > k_lo
-    local_first = (first + k_lo * stride - low[record])[keep]
-    record = record[keep]
-    row_splits = np.concatenate([[0], np.cumsum(np.bincount(record, minlength=len(low)))])
-    return row_splits.astype(np.int64), local_first.astype(np.int64), (k_hi - k_lo)[keep]
-
-
 def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool, seed: int,
                         drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
                         cache_bytes: int) -> tf.data.Dataset:
@@ -83,24 +53,14 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
     assert isinstance(reader, TFRecordRowReader)
     records = reader.records
     runs = store.runs(split)
-    row_splits, first, count = windows_per_record(runs, records["global_row"], records["rows"])
+    windows = BlockWindows(runs, records["global_row"], records["rows"])
     slot_rows = int(manifest.data["slot_rows"])
     row_items = int(np.prod(step_shape, dtype=np.int64))
     slot_bytes = slot_rows * row_items * store.dtype.itemsize
-    num_records = len(records)
-    if shuffle_blocks is None:
-        fits = cache_bytes // max(1, slot_bytes * GROUP_SHARE)
-        shuffle_blocks = num_records if fits >= num_records else max(1, fits)
-    group = max(1, min(shuffle_blocks, num_records))
-
-    lookup_first = tf.RaggedTensor.from_row_splits(first, row_splits, validate=False)
-    lookup_count = tf.RaggedTensor.from_row_splits(count, row_splits, validate=False)
+    group = default_group(shuffle_blocks, cache_bytes=cache_bytes, block_bytes=slot_bytes,
+                          num_blocks=len(records))
     dtype = tf.as_dtype(store.dtype)
     raw_dtype = _decoded_type(dtype)
-    norm = store.normalizer() if normalize else None
-    input_offsets = tf.constant(np.arange(spec.length) * spec.sampling_rate, dtype=tf.int64)
-    target_offsets = tf.constant(
-        (spec.length + np.arange(spec.horizon)) * spec.sampling_rate, dtype=tf.int64)
     features = {"record": tf.io.FixedLenFeature([], tf.int64),
                 "data": tf.io.FixedLenFeature([], tf.string)}
 
@@ -111,32 +71,12 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
                                fixed_length=slot_bytes)
         rows = tf.reshape(tf.bitcast(raw, dtype) if raw_dtype != dtype else raw,
                           [-1, *step_shape])
-        firsts = tf.gather(lookup_first, parsed["record"])
-        counts = tf.gather(lookup_count, parsed["record"])
-        within = tf.ragged.range(counts.flat_values)
-        run = within.value_rowids()
-        owner = tf.gather(firsts.value_rowids(), run)
-        starts = (tf.gather(firsts.flat_values, run) + within.flat_values * spec.stride
-                  + owner * slot_rows)
+        ids = parsed["record"]
+        starts = windows.starts(ids, tf.range(tf.size(ids, out_type=tf.int64)) * slot_rows)
         if shuffle:
             starts = tf.random.experimental.stateless_shuffle(
                 starts, seed=tf.stack([tf.constant(seed, tf.int64), key]))
         return rows, starts
-
-    def cut(rows: tf.Tensor, starts: tf.Tensor) -> Any:
-        x = tf.gather(rows, starts[:, None] + input_offsets)
-        y = tf.gather(rows, starts[:, None] + target_offsets) if spec.horizon else None
-        if norm is not None:
-            mean, scale = tf.constant(norm.mean), tf.constant(norm.scale)
-            x = (tf.cast(x, mean.dtype) - mean) * scale
-            y = (tf.cast(y, mean.dtype) - mean) * scale if y is not None else None
-        return x if y is None else (x, y)
-
-    def batches_of(rows: tf.Tensor, starts: tf.Tensor) -> tf.data.Dataset:
-        n = tf.size(starts, out_type=tf.int64)
-        return tf.data.Dataset.range(0, n, batch_size).map(
-            lambda lo: cut(rows, starts[lo:lo + batch_size]),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     compression = "GZIP" if manifest.data.get("compression") == "gzip" else ""
     paths = [str(store.path / shard["path"]) for shard in manifest.data["shards"]]
@@ -154,8 +94,7 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
     keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     ds = tf.data.Dataset.zip(ds, keys)
     ds = ds.map(decode_group)  # one group at a time: memory; the cuts run in parallel
-    ds = ds.flat_map(batches_of)
-    ds = ds.rebatch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(
-        num_batches(runs.total, batch_size, drop_remainder)))
-    return ds.prefetch(PREFETCH_BATCHES)
+    norm = store.normalizer() if normalize else None
+    ds = ds.flat_map(batch_cutter(spec, batch_size, norm))
+    return finish_batches(ds, windows=runs.total, batch_size=batch_size,
+                          drop_remainder=drop_remainder)
