@@ -107,3 +107,47 @@ def test_inspect_names_a_missing_store(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = run("inspect", tmp_path / "empty")
     assert result.exit_code == 2 and "not a windowkit store (no windowkit.json)" in result.output
+
+
+@pytest.mark.parametrize("reader", ["tf", "keras"])
+def test_bench_measures_the_reader_and_the_baseline(npy_dir: Path, fmt: str, reader: str) -> None:
+    out = npy_dir / "store"
+    assert run("convert", npy_dir / "*.npy", "--format", fmt, "--out", out, "--window", 8,
+               "--horizon", 2, "-q").exit_code == 0
+    plot = npy_dir / "timeline.png"
+    result = run("bench", out, "--reader", reader, "--batch-size", 16, "--batches", 10,
+                 "--warmup", 2, "--baseline", "--plot", plot, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["format"] == fmt and report["reader"] == reader
+    assert report["run"]["windows"] == 10 * 16
+    assert report["run"]["bytes"] == 10 * 16 * (8 + 2) * 3 * 4
+    assert report["run"]["windows_s"] > 0 and report["peak_rss_mb"] > 0
+    read, gather = report["stages"]
+    assert read["name"] == "read+decode" and read["bytes"] >= 555 * 3 * 4
+    assert read["windows"] == wk.open_store(out).num_windows("train")
+    assert gather["name"] == "gather" and gather["windows"] == 10 * 16
+    assert report["baseline"]["windows"] == 10 * 16
+    assert report["ratio_to_baseline"] == pytest.approx(
+        report["run"]["windows_s"] / report["baseline"]["windows_s"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = run("bench", out, "--reader", reader, "--batches", 3, "--batch-size", 8)
+    assert text.exit_code == 0, text.output
+    assert re.search(r"^  24 windows in 3 batches, .* windows/s, .* MB/s, peak RSS", text.output,
+                     re.M)
+    assert "read+decode" in text.output and "gather" in text.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--batches", "0"], "batches must be >= 1, got 0"),
+    (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
+    (["--split", "val"], "split 'val' is not in store"),
+    (["--batch-size", "4096"], "too few to time after 5 warm-up batches"),
+])
+def test_bench_bad_arguments_are_one_line(npy_dir: Path, args: list[str], message: str) -> None:
+    out = npy_dir / "store"
+    assert run("convert", npy_dir / "a.npy", "--format", "zarr", "--out", out, "--window", 8,
+               "-q").exit_code == 0
+    result = run("bench", out, *args)
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and message in result.output, result.output

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -58,7 +59,10 @@ class ByteSize(click.ParamType):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="windowkit")
 def main() -> None:
-    """Convert time series into window stores and inspect them."""
+    """Convert time series into window stores; inspect, verify and benchmark them."""
+    # TensorFlow's C++ start-up lines (CUDA probing, CPU features) are noise here;
+    # its real errors reach Python as exceptions
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 @main.command()
@@ -117,3 +121,34 @@ def inspect(store_path: str, as_json: bool) -> None:
 
     summary = describe(store_path)
     click.echo(json.dumps(summary, indent=2) if as_json else render(summary))
+
+
+@main.command()
+@click.argument("store_path", metavar="STORE")
+@click.option("--split", default="train", show_default=True, help="Split to read.")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Windows per batch.")
+@click.option("--reader", type=click.Choice(["tf", "keras"]), default="tf", show_default=True,
+              help="tf: Store.tf_dataset; keras: Store.keras_dataset.")
+@click.option("--batches", type=int, default=None,
+              help="Batches to time after the warm-up [default: the rest of one epoch].")
+@click.option("--warmup", type=int, default=5, show_default=True,
+              help="Batches read before timing starts.")
+@click.option("--baseline", is_flag=True,
+              help="Also time every window materialized in memory, shuffle(10000).batch(B).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Draw the stage timeline and throughput to this PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed.")
+@_one_line_errors
+def bench(store_path: str, split: str, batch_size: int, reader: str, batches: int | None,
+          warmup: int, baseline: bool, plot_path: str | None, as_json: bool, seed: int) -> None:
+    """Measure how fast STORE's reader delivers windows, and where the time goes."""
+    from windowkit.bench import plot, render, run_bench
+    from windowkit.store import open_store
+
+    report = run_bench(open_store(store_path), split=split, batch_size=batch_size,
+                       reader=reader, batches=batches, warmup=warmup, baseline=baseline,
+                       seed=seed)
+    if plot_path:
+        plot(report, plot_path)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render(report))

@@ -153,7 +153,7 @@ class GroupLoader:
 
 def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool, seed: int,
                     drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
-                    cache_bytes: int) -> tf.data.Dataset:
+                    cache_bytes: int, stage: str = "batches") -> tf.data.Dataset:
     import tensorflow as tf
 
     runs = store.runs(split)
@@ -195,6 +195,8 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
         tf.TensorSpec(shape=(None,), dtype=tf.int64), tf.TensorSpec(shape=(), dtype=tf.int64)))
     # one group read at a time (bounded memory), ahead of the cuts of the previous one
     ds = ds.map(load, num_parallel_calls=1, deterministic=True)
+    if stage == "blocks":  # the read + decode stage alone (for `windowkit bench`)
+        return ds
     norm = store.normalizer() if normalize else None
     ds = ds.flat_map(batch_cutter(spec, batch_size, norm))
     return finish_batches(ds, windows=runs.total, batch_size=batch_size,

@@ -45,7 +45,7 @@ def _decoded_type(dtype: tf.DType) -> tf.DType:
 
 def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool, seed: int,
                         drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
-                        cache_bytes: int) -> tf.data.Dataset:
+                        cache_bytes: int, stage: str = "batches") -> tf.data.Dataset:
     import tensorflow as tf
 
     manifest, spec, step_shape = store.manifest, store.spec, store.step_shape
@@ -94,6 +94,8 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
     keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     ds = tf.data.Dataset.zip(ds, keys)
     ds = ds.map(decode_group)  # one group at a time: memory; the cuts run in parallel
+    if stage == "blocks":  # the read + decode stage alone (for `windowkit bench`)
+        return ds
     norm = store.normalizer() if normalize else None
     ds = ds.flat_map(batch_cutter(spec, batch_size, norm))
     return finish_batches(ds, windows=runs.total, batch_size=batch_size,

@@ -1,0 +1,333 @@
+"""``windowkit bench``: how fast a store feeds training, and where the time goes.
+
+The reader runs for a few warm-up batches, then is timed batch by batch the
+way a training loop consumes it. Its stages are then timed alone on the same
+store: *read + decode* (the storage blocks the epoch needs, as the reader
+loads them) and *gather* (cutting batches of windows from blocks already in
+memory). ``baseline=True`` also runs, in the same process on the same
+windows, the plain approach: every window materialized in memory,
+``shuffle(10000).batch(B)``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from windowkit.errors import InvalidSpecError, WindowkitError
+
+if TYPE_CHECKING:
+    from windowkit.store import Store
+
+READERS = ("tf", "keras")
+PLAIN_SHUFFLE_BUFFER = 10_000
+GATHER_BATCHES = 200  # batches timed by the gather-alone stage
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size (VmHWM) in MB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")  # pragma: no cover - non-Linux
+
+
+def _available_bytes() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0  # pragma: no cover - non-Linux
+
+
+@dataclass
+class Stage:
+    """One stage's timing: ``spans`` are each element's (start, end) seconds."""
+
+    name: str
+    seconds: float
+    windows: int
+    bytes: int
+    spans: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def windows_s(self) -> float:
+        return self.windows / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def mb_s(self) -> float:
+        return self.bytes / self.seconds / 1e6 if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class BenchReport:
+    store: str
+    format: str
+    reader: str
+    split: str
+    batch_size: int
+    window_bytes: int
+    run: Stage  # the reader, as training consumes it
+    peak_rss_mb: float
+    stages: list[Stage]
+    baseline: dict[str, Any] | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.baseline or "windows_s" not in self.baseline:
+            return None
+        return float(self.run.windows_s / self.baseline["windows_s"])
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for stage in [out["run"], *out["stages"]]:
+            del stage["spans"]
+        for stage, raw in zip([out["run"], *out["stages"]], [self.run, *self.stages],
+                              strict=True):
+            stage["windows_s"] = raw.windows_s
+            stage["mb_s"] = raw.mb_s
+        out["ratio_to_baseline"] = self.ratio
+        return out
+
+
+# -- timing ------------------------------------------------------------------------------
+def _time_elements(items: Any, limit: int | None, size: Any) -> Stage:
+    """Time pulling elements of ``items``; ``size(element) -> (windows, bytes)``."""
+    spans: list[tuple[float, float]] = []
+    windows = nbytes = 0
+    it = iter(items)
+    origin = time.perf_counter()
+    while limit is None or len(spans) < limit:
+        t0 = time.perf_counter()
+        try:
+            element = next(it)
+        except StopIteration:
+            break
+        t1 = time.perf_counter()
+        spans.append((t0 - origin, t1 - origin))
+        w, b = size(element)
+        windows += w
+        nbytes += b
+    seconds = spans[-1][1] if spans else 0.0
+    return Stage("", seconds, windows, nbytes, spans)
+
+
+def _batch_size_of(batch: Any) -> tuple[int, int]:
+    """Windows in a batch (bytes are counted afterwards, from the window size)."""
+    x = batch[0] if isinstance(batch, tuple) else batch
+    return int(x.shape[0]), 0
+
+
+def _window_bytes(store: Store) -> int:
+    """Bytes of one window's inputs and targets."""
+    row_bytes = store.dtype.itemsize * int(np.prod(store.step_shape, dtype=np.int64))
+    return (store.spec.length + store.spec.horizon) * row_bytes
+
+
+def _skip(items: Any, count: int) -> Any:
+    it = iter(items)
+    for _ in range(count):
+        next(it, None)
+    return it
+
+
+def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
+               batches: int | None) -> list[Stage]:
+    import tensorflow as tf
+
+    from windowkit.gather import DEFAULT_CACHE_BYTES
+    from windowkit.tf_data import batch_cutter
+
+    if store.manifest.format == "tfrecord":
+        from windowkit.tf_records import make_record_dataset as make
+    else:
+        from windowkit.tf_data import make_tf_dataset as make
+    blocks = make(store, split, batch_size=batch_size, shuffle=True, seed=seed,
+                  drop_remainder=False, normalize=False, shuffle_blocks=None,
+                  cache_bytes=DEFAULT_CACHE_BYTES, stage="blocks")
+    first: list[Any] = []
+
+    def group_size(element: Any) -> tuple[int, int]:
+        rows, starts = element
+        if not first:
+            first.append(element)
+        return int(tf.size(starts)), int(rows.numpy().nbytes)
+
+    read = _time_elements(blocks, None, group_size)
+    read.name = "read+decode"
+    gather = Stage("gather", 0.0, 0, 0)
+    if first and int(tf.size(first[0][1])):
+        rows, starts = first[0]
+        limit = batches or GATHER_BATCHES
+        repeat = 2 + (limit + 1) * batch_size // int(tf.size(starts))
+        cut = tf.data.Dataset.from_tensors((rows, starts)).repeat(repeat).flat_map(
+            batch_cutter(store.spec, batch_size, None))
+        gather = _time_elements(_skip(cut, 1), limit, _batch_size_of)
+        gather.name = "gather"
+        gather.bytes = gather.windows * _window_bytes(store)
+    return [read, gather]
+
+
+def _keras_stages(store: Store, split: str, batch_size: int, seed: int,
+                  batches: int | None) -> list[Stage]:
+    from windowkit.gather import DEFAULT_CACHE_BYTES
+
+    gather = store.window_gather(DEFAULT_CACHE_BYTES)
+    pool = gather.pool
+    size = pool.block_rows
+    block_first = np.arange(pool.num_blocks, dtype=np.int64) * size
+    row_splits, _, _ = store.runs(split).runs_per_block(
+        block_first, np.minimum(size, pool.total_rows - block_first))
+    useful = np.flatnonzero(np.diff(row_splits) > 0)
+    rng = np.random.default_rng(seed)
+    loads = (pool.reader.read_rows(int(b) * size, min(pool.total_rows, int(b) * size
+                                                      + pool.slot_rows))
+             for b in rng.permutation(useful))
+    read = _time_elements(loads, None, lambda rows: (0, int(rows.nbytes)))
+    read.name = "read+decode"
+    read.windows = store.runs(split).total
+    ds = store.keras_dataset(split, batch_size, shuffle=True, seed=seed)
+    limit = min(len(ds), batches or GATHER_BATCHES)
+    for i in range(limit):  # load the blocks these batches need
+        ds[i]
+    timed = _time_elements((ds[i] for i in range(limit)), None, _batch_size_of)
+    timed.name = "gather"
+    timed.bytes = timed.windows * _window_bytes(store)
+    return [read, timed]
+
+
+def _baseline(store: Store, split: str, batch_size: int, seed: int, warmup: int,
+              batches: int | None) -> dict[str, Any]:
+    """The plain approach on the same windows: all in memory, ``shuffle().batch()``."""
+    import tensorflow as tf
+
+    total = store.num_windows(split)
+    need = total * _window_bytes(store)
+    available = _available_bytes()
+    if 2 * need > available:  # the windows, and the dataset's own copy of them
+        return {"skipped": f"materializing {total:,} windows needs {2 * need / 2**30:.1f} GiB, "
+                           f"{available / 2**30:.1f} GiB available"}
+    windows = store.windows(split, np.arange(total))
+    ds = tf.data.Dataset.from_tensor_slices(windows).shuffle(
+        PLAIN_SHUFFLE_BUFFER, seed=seed).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    timed = _time_elements(_skip(ds, warmup), batches, _batch_size_of)
+    return {"windows_s": timed.windows_s, "seconds": timed.seconds, "windows": timed.windows,
+            "materialized_bytes": int(need), "peak_rss_mb": peak_rss_mb()}
+
+
+def run_bench(store: Store, *, split: str = "train", batch_size: int = 256,
+              reader: str = "tf", batches: int | None = None, warmup: int = 5,
+              baseline: bool = False, seed: int = 0) -> BenchReport:
+    """Time ``reader`` over ``batches`` batches (default: the rest of one epoch)
+    after ``warmup`` batches, then its stages alone, then (``baseline``) the
+    plain materialized pipeline."""
+    if reader not in READERS:
+        raise InvalidSpecError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
+    if batches is not None and batches < 1:
+        raise InvalidSpecError(f"batches must be >= 1, got {batches}")
+    if warmup < 0:
+        raise InvalidSpecError(f"warmup must be >= 0, got {warmup}")
+    if reader == "tf":
+        ds: Any = store.tf_dataset(split, batch_size, shuffle=True, seed=seed)
+        count = int(ds.cardinality())
+        items: Any = ds
+    else:
+        keras_ds = store.keras_dataset(split, batch_size, shuffle=True, seed=seed)
+        count = len(keras_ds)
+        items = (keras_ds[i] for i in range(count))
+    if count <= warmup:
+        raise InvalidSpecError(
+            f"split {split!r} has {count} batches of {batch_size}: too few to time after "
+            f"{warmup} warm-up batches (lower --warmup or --batch-size)")
+    run = _time_elements(_skip(items, warmup), batches, _batch_size_of)
+    run.name = f"{reader} reader"
+    run.bytes = run.windows * _window_bytes(store)
+    rss = peak_rss_mb()
+    make_stages = _tf_stages if reader == "tf" else _keras_stages
+    stages = make_stages(store, split, batch_size, seed, batches)
+    report = BenchReport(
+        store=str(store.path), format=store.manifest.format, reader=reader, split=split,
+        batch_size=batch_size, window_bytes=_window_bytes(store),
+        run=run, peak_rss_mb=rss, stages=stages)
+    if baseline:
+        report.baseline = _baseline(store, split, batch_size, seed, warmup, batches)
+    return report
+
+
+# -- reporting ---------------------------------------------------------------------------
+def render(report: BenchReport) -> str:
+    r = report.run
+    waited = sum(t1 - t0 for t0, t1 in r.spans)
+    latency = np.array([t1 - t0 for t0, t1 in r.spans]) * 1e3
+    lines = [
+        f"{report.store}: {report.format}, {report.reader} reader, split {report.split!r}, "
+        f"batch {report.batch_size}",
+        f"  {r.windows:,} windows in {len(r.spans)} batches, {r.seconds:.2f} s: "
+        f"{r.windows_s:,.0f} windows/s, {r.mb_s:,.0f} MB/s, peak RSS {report.peak_rss_mb:,.0f} MB",
+        f"  batch latency p50 {np.percentile(latency, 50):.2f} ms, p99 "
+        f"{np.percentile(latency, 99):.2f} ms; the consumer waited {waited:.2f} s "
+        f"({waited / r.seconds:.0%}) for batches",
+        "  where the time goes (each stage alone):",
+    ]
+    for stage in report.stages:
+        if stage.name == "read+decode":
+            lines.append(
+                f"    read+decode  {stage.bytes / 1e6:,.1f} MB of blocks in {stage.seconds:.2f} s"
+                f" ({stage.mb_s:,.0f} MB/s; {stage.windows_s:,.0f} windows/s of the split)")
+        elif stage.windows:
+            lines.append(
+                f"    gather       {stage.windows:,} windows from blocks in memory in "
+                f"{stage.seconds:.3f} s ({stage.windows_s:,.0f} windows/s)")
+    base = report.baseline
+    if base is not None and "skipped" in base:
+        lines.append(f"  baseline skipped: {base['skipped']}")
+    elif base is not None:
+        lines.append(
+            f"  baseline (materialized windows, shuffle({PLAIN_SHUFFLE_BUFFER}).batch("
+            f"{report.batch_size})): {base['windows_s']:,.0f} windows/s, holding "
+            f"{base['materialized_bytes'] / 2**20:,.0f} MiB of windows; windowkit is "
+            f"{report.ratio:.2f}x")
+    return "\n".join(lines)
+
+
+def plot(report: BenchReport, path: str | Path) -> None:
+    """A timeline of the stages and the reader's throughput over time, as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise WindowkitError("--plot needs matplotlib: pip install 'windowkit[plot]'") from None
+    fig, (timeline, rate) = plt.subplots(2, 1, figsize=(10, 6.5), constrained_layout=True)
+    rows = [(f"{s.name} (alone)", s.spans) for s in report.stages if s.spans]
+    rows.append(("consume: waiting for a batch", report.run.spans))
+    colors = ["tab:blue", "tab:orange", "tab:green"]
+    for y, (_, spans) in enumerate(rows):
+        bars = [(t0, max(t1 - t0, 1e-5)) for t0, t1 in spans]
+        timeline.broken_barh(bars, (y - 0.35, 0.7), color=colors[y % len(colors)])
+    timeline.set_yticks(range(len(rows)), [label for label, _ in rows])
+    timeline.set_xlabel("seconds since the stage started")
+    timeline.set_title(f"{report.format} {report.reader} reader: stage timeline")
+    ends = np.array([t1 for _, t1 in report.run.spans])
+    per_batch = report.run.windows / max(1, len(ends))
+    bins = max(1, min(50, len(ends) // 4))
+    counts, edges = np.histogram(ends, bins=bins)
+    width = np.diff(edges)
+    rate.step(edges[:-1], counts * per_batch / np.where(width > 0, width, 1), where="post",
+              label=f"{report.format} {report.reader} reader")
+    if report.baseline and "windows_s" in report.baseline:
+        rate.axhline(report.baseline["windows_s"], color="tab:red", linestyle="--",
+                     label="materialized windows (baseline)")
+    rate.set_xlabel("seconds")
+    rate.set_ylabel("windows/s")
+    rate.set_ylim(bottom=0)
+    rate.legend(loc="lower right")
+    rate.set_title("throughput")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
