@@ -9,5 +9,7 @@ from tqdm.auto import tqdm
 
 
 def progress_bar(*, total: int, desc: str, enabled: bool, unit: str = "B") -> Any:
+    # disable=None: tqdm shows nothing when stderr is not a terminal
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024,
-                disable=not enabled, file=sys.stderr, leave=False, dynamic_ncols=True)
+                disable=True if not enabled else None, file=sys.stderr, leave=False,
+                dynamic_ncols=True)

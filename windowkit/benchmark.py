@@ -5,7 +5,7 @@ readers are measured side by side in one run and reported as ratios, because
 shared machines are noisy.
 
     python -m windowkit.benchmark throughput   # windows/s vs materialized windows
-    python -m windowkit.benchmark memory       # 2 GiB .npy: convert and epoch RSS
+    python -m windowkit.benchmark memory       # 0.5 and 4 GiB .npy: convert, epoch RSS
 """
 
 from __future__ import annotations
@@ -24,17 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from windowkit.bench import peak_rss_mb
+
 OUT = Path(os.environ.get("WINDOWKIT_BENCH_DIR", "bench-out"))
 SERIES, ROWS, FEATURES, LENGTH, BATCH = 20, 20_000, 16, 32, 256
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size (VmHWM) in MB."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")  # pragma: no cover - non-Linux
 
 
 def _run_child(*args: str) -> dict[str, Any]:
@@ -181,8 +174,9 @@ def throughput(rounds: int) -> None:
           f"materialized windows: {m['materialized_bytes'] / 2**20:.0f} MiB")
 
 
-def memory(gib: float) -> None:
-    source = OUT / "memory-src.npy"
+def _memory_source(gib: float) -> tuple[Path, int]:
+    """A float32 ``.npy`` of ``gib`` GiB of random rows, written in bounded memory."""
+    source = OUT / f"memory-src-{gib:g}gib.npy"
     rows = int(gib * 2**30) // (FEATURES * 4)
     if not source.exists() or source.stat().st_size < rows * FEATURES * 4:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -195,27 +189,44 @@ def memory(gib: float) -> None:
             out[lo:lo + n] = rng.standard_normal((n, FEATURES), dtype=np.float32)
         out.flush()
         del out
+    return source, rows
+
+
+def memory(sizes: list[float]) -> None:
+    """Convert and read stores of each size: convert speed and RSS, and whether a
+    reader's peak RSS stays flat as the store grows."""
     base = _run_child("tf_import")
-    print(f"source: {source.stat().st_size / 2**30:.2f} GiB float32 .npy, {rows:,} rows x "
-          f"{FEATURES} features; tensorflow import alone: peak RSS {base['peak_rss_mb']:.0f} MB")
-    print(f"{'format':<10}{'convert':>10}{'MB/s':>7}{'peak RSS':>11}   "
-          f"{'epoch windows':>14}{'time':>7}{'windows/s':>11}{'peak RSS':>11}"
-          f"   {'--workers 2':>11}{'MB/s':>7}{'RSS main+worker':>17}")
+    print(f"float32 .npy sources, {FEATURES} features, L={LENGTH}, B={BATCH}; tensorflow "
+          f"import alone: peak RSS {base['peak_rss_mb']:.0f} MB; machine: {os.cpu_count()} cores")
+    print(f"{'format':<9}{'size':>6}{'convert':>9}{'MB/s':>6}{'RSS':>8}   {'--workers 2':>11}"
+          f"{'MB/s':>6}{'RSS main+worker':>17}   {'epoch windows':>14}"
+          f"{'tf_dataset':>12}{'RSS':>8}{'keras_dataset':>15}{'RSS':>8}", flush=True)
+    rss: dict[tuple[str, str], list[float]] = {}
     for f in _formats():
-        store = OUT / f"memory-{f}"
-        parallel = _run_child("convert", str(source), str(store), f, "2")
-        conv = _run_child("convert", str(source), str(store), f)
-        epoch = _run_child("windowkit", str(store), "epoch")
-        print(f"{f:<10}{conv['seconds']:>9.0f}s{conv['convert_mb_s']:>7.0f}"
-              f"{conv['peak_rss_mb']:>8.0f} MB   {epoch['windows']:>14,}{epoch['seconds']:>6.0f}s"
-              f"{epoch['windows_s']:>11,.0f}{epoch['peak_rss_mb']:>8.0f} MB"
-              f"   {parallel['seconds']:>10.0f}s{parallel['convert_mb_s']:>7.0f}"
-              f"{parallel['peak_rss_mb']:>8.0f}+{parallel['worker_peak_rss_mb']:.0f} MB",
-              flush=True)
-        if os.environ.get("WINDOWKIT_BENCH_KEEP") != "1":
-            shutil.rmtree(store, ignore_errors=True)
-    print("bars: convert < 600 MB, epoch < 800 MB peak RSS; convert never imports tensorflow; "
-          "--workers 2 convert >= 100 MB/s (RSS: main process + largest worker)")
+        for gib in sizes:
+            source, _ = _memory_source(gib)
+            store = OUT / f"memory-{f}"
+            conv = _run_child("convert", str(source), str(store), f)
+            parallel = _run_child("convert", str(source), str(store), f, "2")
+            tf_epoch = _run_child("windowkit", str(store), "epoch")
+            keras_epoch = _run_child("keras", str(store), "epoch")
+            rss.setdefault((f, "tf_dataset"), []).append(tf_epoch["peak_rss_mb"])
+            rss.setdefault((f, "keras_dataset"), []).append(keras_epoch["peak_rss_mb"])
+            print(f"{f:<9}{gib:>4g}Gi{conv['seconds']:>8.0f}s{conv['convert_mb_s']:>6.0f}"
+                  f"{conv['peak_rss_mb']:>5.0f} MB   {parallel['seconds']:>10.0f}s"
+                  f"{parallel['convert_mb_s']:>6.0f}{parallel['peak_rss_mb']:>8.0f}+"
+                  f"{parallel['worker_peak_rss_mb']:.0f} MB   {tf_epoch['windows']:>14,}"
+                  f"{tf_epoch['windows_s']:>10,.0f}/s{tf_epoch['peak_rss_mb']:>5.0f} MB"
+                  f"{keras_epoch['windows_s']:>13,.0f}/s{keras_epoch['peak_rss_mb']:>5.0f} MB",
+                  flush=True)
+            if os.environ.get("WINDOWKIT_BENCH_KEEP") != "1":
+                shutil.rmtree(store, ignore_errors=True)
+    if len(sizes) > 1:
+        growth = "; ".join(f"{f} {reader} {values[-1] - values[0]:+.0f} MB"
+                           for (f, reader), values in rss.items())
+        print(f"reader peak RSS, {sizes[-1]:g} GiB store minus {sizes[0]:g} GiB: {growth}")
+    print("bars: convert < 600 MB peak RSS and never imports tensorflow; --workers 2 convert "
+          ">= 100 MB/s; reader RSS within 100 MB across store sizes")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("throughput")
     p.add_argument("--rounds", type=int, default=2)
     p = sub.add_parser("memory")
-    p.add_argument("--gib", type=float, default=2.0)
+    p.add_argument("--gib", type=float, nargs="+", default=[0.5, 4.0],
+                   help="store sizes (GiB of raw rows)")
     p = sub.add_parser("child")
     p.add_argument("name", choices=sorted(CHILDREN))
     p.add_argument("args", nargs="*")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import sys
@@ -63,6 +64,12 @@ def main() -> None:
     # TensorFlow's C++ start-up lines (CUDA probing, CPU features) are noise here;
     # its real errors reach Python as exceptions
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    messages = logging.getLogger("windowkit")  # e.g. "resuming an interrupted conversion"
+    if not messages.handlers:
+        handler = logging.StreamHandler()  # stderr
+        handler.setFormatter(logging.Formatter("windowkit: %(message)s"))
+        messages.addHandler(handler)
+        messages.setLevel(logging.INFO)
 
 
 @main.command()
@@ -95,7 +102,11 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             sampling_rate: int, horizon: int, compression: str | None, seed: int,
             block_rows: int | None, shard_size: int, shards: int | None, workers: int,
             overwrite: bool, quiet: bool) -> None:
-    """Convert SOURCES (.npy files or globs, one series each) into a store."""
+    """Convert SOURCES (.npy files or globs, one series each) into a store.
+
+    Running the same command again after an interruption resumes it."""
+    if quiet:
+        logging.getLogger("windowkit").setLevel(logging.WARNING)
     from windowkit.convert import convert as run_convert
     from windowkit.spec import WindowSpec
 
@@ -121,6 +132,22 @@ def inspect(store_path: str, as_json: bool) -> None:
 
     summary = describe(store_path)
     click.echo(json.dumps(summary, indent=2) if as_json else render(summary))
+
+
+@main.command()
+@click.argument("store_path", metavar="STORE")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_one_line_errors
+def verify(store_path: str, quiet: bool) -> None:
+    """Re-check every file of STORE against its manifest (sizes, checksums, rows, index)."""
+    from windowkit.verify import verify_store
+
+    problems = verify_store(store_path, progress=not quiet)
+    for problem in problems:
+        click.echo(f"windowkit: verify: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+    click.echo(f"{store_path}: ok")
 
 
 @main.command()

@@ -1,17 +1,18 @@
 """The conversion pipeline: sources -> rows in a format -> index tables -> manifest.
 
-Everything is written into a temporary sibling directory and renamed into place
-only after the manifest, so an interrupted conversion never leaves a half store
-under the target name.
+Everything is written into a locked workspace beside the target
+(:mod:`windowkit.workspace`) and renamed into place only after the manifest,
+so an interrupted conversion never leaves a half store under the target name;
+running it again resumes from the shards it finished.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +22,27 @@ import pyarrow.parquet as pq
 
 from windowkit._progress import progress_bar
 from windowkit._version import __version__
-from windowkit.errors import InvalidSpecError, StoreExistsError
+from windowkit.errors import InvalidSpecError, StoreError, StoreExistsError, WindowkitError
 from windowkit.formats import DataLayout, get_format
+from windowkit.formats.base import ShardTask
 from windowkit.index import IndexWriter
 from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
-from windowkit.shards import DEFAULT_SHARD_BYTES, SeriesLayout, plan_shards, write_shards
+from windowkit.shards import (
+    DEFAULT_SHARD_BYTES,
+    SeriesLayout,
+    ShardResult,
+    merged_stats,
+    plan_shards,
+    write_shards,
+)
 from windowkit.sources import NpySeries, Series, SourceLike, open_sources
 from windowkit.spec import WindowSpec
+from windowkit.workspace import RESUME_DIR, Workspace
 
 if TYPE_CHECKING:
     from windowkit.store import Store
+
+log = logging.getLogger("windowkit")
 
 
 
@@ -63,7 +75,7 @@ def _fingerprint(series: list[Series]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _prepare_target(out: Path, overwrite: bool) -> Path:
+def _check_target(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise StoreExistsError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -71,18 +83,14 @@ def _prepare_target(out: Path, overwrite: bool) -> Path:
             f"{out}: target exists and is not empty; "
             "pass overwrite=True (--overwrite) to replace it"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def _check_disk_space(directory: Path, needed: int) -> None:
+    """Refuse to start a conversion that cannot fit on the target's disk."""
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise StoreError(f"{directory}: not enough disk space for the store: it needs about "
+                         f"{needed / 2**30:.2f} GiB, {free / 2**30:.2f} GiB are free")
 
 
 def _check_count(name: str, value: int | None, *, minimum: int = 1) -> None:
@@ -124,23 +132,44 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     _check_count("workers", workers)
     series = open_sources(source)
     out = Path(out)
-    tmp = _prepare_target(out, overwrite)
+    _check_target(out, overwrite)
+    workspace = Workspace(out)
+    workspace.lock()
     try:
-        manifest = _write_store(tmp, series, storage_name=format, spec=spec,
+        manifest = _write_store(workspace, series, storage_name=format, spec=spec,
                                 compression=compression, seed=seed, block_rows=block_rows,
                                 shard_size=shard_size, shards=shards, workers=workers,
                                 progress=progress)
-        manifest.write(tmp)
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        manifest.write(workspace.root)
+        workspace.publish(overwrite)
+    except WindowkitError:
+        workspace.discard()  # a user mistake: leave nothing behind
         raise
+    except BaseException:
+        if workspace.root.exists():
+            log.info("%s: conversion interrupted; run the same command again to resume it",
+                     out)
+        raise
+    finally:
+        workspace.release()
     return open_store(out)
 
 
-def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: WindowSpec,
-                 compression: str, seed: int, block_rows: int | None, shard_size: int,
-                 shards: int | None, workers: int, progress: bool) -> Manifest:
+def _plan_key(series: list[Series], storage_name: str, layout: DataLayout,
+              tasks: list[ShardTask], seed: int) -> str:
+    """A digest of everything the store's bytes depend on."""
+    plan = {"sources": _fingerprint(series), "format": storage_name,
+            "window": layout.window.to_dict(), "compression": layout.compression,
+            "block_rows": layout.block_rows, "seed": seed, "windowkit": __version__,
+            "shards": [[t.first_row, t.rows] for t in tasks]}
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+
+
+def _write_store(workspace: Workspace, series: list[Series], *, storage_name: str,
+                 spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
+                 shard_size: int, shards: int | None, workers: int,
+                 progress: bool) -> Manifest:
+    root = workspace.root
     first = series[0]
     dtype, step_shape = first.dtype, first.step_shape
     storage = get_format(storage_name)
@@ -154,15 +183,29 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
                                                    storage.target_block_bytes),
         window=spec, compression=compression)
     data_dir = root / "data"
-    data_dir.mkdir()
     tasks = plan_shards(layout, placement, shard_bytes=shard_size, shards=shards)
-    storage.prepare(data_dir, layout, len(tasks))
+    markers = workspace.open(_plan_key(series, storage_name, layout, tasks, seed))
+    finished = {n: ShardResult.from_marker(m) for n, m in (markers or {}).items()}
+    reused = sum(f.bytes for result in finished.values() for f in result.files)
+    # rows (plus TFRecord halos, at most 5%), index and metadata; compression only saves
+    _check_disk_space(root, int(total_rows * row_bytes * 1.05) + (16 << 20) - reused)
+    if markers is None:
+        data_dir.mkdir()
+        storage.prepare(data_dir, layout, len(tasks))
+        workspace.start(_plan_key(series, storage_name, layout, tasks, seed))
+    elif finished:
+        log.info("%s: resuming an interrupted conversion: %d of %d shards already written",
+                 workspace.out, len(finished), len(tasks))
     with progress_bar(total=total_rows * row_bytes, desc="convert", enabled=progress) as bar:
-        summaries, stats = write_shards(series, storage_name, data_dir, layout, tasks,
-                                        workers=workers,
-                                        on_rows=lambda n: bar.update(n * row_bytes))
-    data_info = storage.finish(data_dir, layout, summaries)
+        results = write_shards(series, storage_name, data_dir, layout, tasks, workers=workers,
+                               on_rows=lambda n: bar.update(n * row_bytes), finished=finished,
+                               on_finished=lambda n, r: workspace.shard_finished(
+                                   n, r.to_marker()))
+    data_info = storage.finish(data_dir, layout, [r.summary for r in results])
+    stats = merged_stats(results)
+    known = {f.path: f for result in results for f in result.files}
 
+    shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its shards
     (root / "index").mkdir()
     index_writer = IndexWriter(root / "index" / "train.parquet", spec)
     windows_per_series = np.zeros(len(series), dtype=np.int64)
@@ -176,12 +219,12 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
         "rows": pa.array(rows),
         "row_offset": pa.array(row_offset),
         "windows": pa.array(windows_per_series),
-    }), root / "series.parquet")
+    }), root / "series.parquet", write_page_checksum=True)
 
     columns = [f"f{i}" for i in range(step_shape[0])] if step_shape else None
     files = sorted(
         str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-        and p.name != MANIFEST_NAME
+        and p.name != MANIFEST_NAME and p.relative_to(root).parts[0] != RESUME_DIR
     )
     return Manifest(
         format=storage_name,
@@ -199,7 +242,7 @@ def _write_store(root: Path, series: list[Series], *, storage_name: str, spec: W
         options={"compression": compression, "seed": seed, "block_rows": block_rows,
                  "shard_size": shard_size, "shards": shards, "windowkit": __version__},
         source_fingerprint=_fingerprint(series),
-        files=[FileEntry.of(root, f) for f in files],
+        files=[known.get(f) or FileEntry.of(root, f) for f in files],
     )
 
 

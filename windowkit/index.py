@@ -55,7 +55,7 @@ class IndexWriter:
         self._writer = pq.ParquetWriter(
             path, INDEX_SCHEMA, compression="zstd", use_dictionary=["series"],
             column_encoding={"start": "DELTA_BINARY_PACKED", "length": "DELTA_BINARY_PACKED"},
-            write_statistics=True,
+            write_statistics=True, write_page_checksum=True,
         )
         self.windows = 0
 
@@ -101,8 +101,9 @@ def iter_index(path: Path, batch_rows: int = _INDEX_ROW_GROUP,
                columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream an index table in record batches (never the whole table)."""
     try:
-        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=columns)
-    except (OSError, pa.ArrowInvalid) as exc:
+        table = pq.ParquetFile(path, page_checksum_verification=True)
+        yield from table.iter_batches(batch_size=batch_rows, columns=columns)
+    except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
         raise StoreError(f"{path}: cannot read window index table ({exc})") from None
 
 
@@ -203,8 +204,9 @@ class WindowRuns:
 
     @classmethod
     def from_index(cls, path: Path, *, stride: int, row_offset: np.ndarray,
-                   series_rows: np.ndarray) -> WindowRuns:
-        """Build runs by streaming an index table, checking its bounds."""
+                   series_rows: np.ndarray, span: int = 1) -> WindowRuns:
+        """Build runs by streaming an index table, checking that every window
+        (``span`` rows from its start) lies inside its series."""
         runs_series: list[np.ndarray] = []
         runs_first: list[np.ndarray] = []
         runs_count: list[np.ndarray] = []
@@ -214,7 +216,7 @@ class WindowRuns:
             start = batch.column("start").to_numpy().astype(np.int64, copy=False)
             if len(series) == 0:
                 continue
-            _check_bounds(path, series, start, series_rows, prev_series, prev_start)
+            _check_bounds(path, series, start, series_rows, prev_series, prev_start, span)
             # a run may split at a batch boundary: still correct, still compact
             new_run = np.ones(len(series), dtype=bool)
             new_run[1:] = (series[1:] != series[:-1]) | (np.diff(start) != stride)
@@ -234,11 +236,14 @@ class WindowRuns:
 
 
 def _check_bounds(path: Path, series: np.ndarray, start: np.ndarray, series_rows: np.ndarray,
-                  prev_series: int, prev_start: int) -> None:
+                  prev_series: int, prev_start: int, span: int) -> None:
     if series.min() < 0 or series.max() >= len(series_rows):
         raise StoreError(f"{path}: index names a series that the store does not have")
-    if start.min() < 0 or (start >= series_rows[series]).any():
-        raise StoreError(f"{path}: index holds a window start outside its series")
+    outside = (start < 0) | (start + span > series_rows[series])
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise StoreError(f"{path}: index holds a window outside its series (series "
+                         f"{int(series[i])}, start {int(start[i])}, {span} rows)")
     all_series = np.concatenate([[prev_series], series])
     all_start = np.concatenate([[prev_start], start])
     step_series, step_start = np.diff(all_series), np.diff(all_start)

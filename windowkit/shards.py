@@ -14,7 +14,7 @@ import itertools
 import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,10 @@ import numpy as np
 
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import Piece, ShardTask
+from windowkit.manifest import FileEntry
 from windowkit.sources import Series, check_finite
 from windowkit.stats import RunningStats
+from windowkit.workspace import fsync_file
 
 DEFAULT_SHARD_BYTES = 64 << 20
 
@@ -91,6 +93,17 @@ class ShardResult:
     summary: dict[str, Any]
     stats: RunningStats
     rows: int
+    files: list[FileEntry]  # the shard's data files, on disk (fsynced), with checksums
+
+    def to_marker(self) -> dict[str, Any]:
+        """A JSON-able record of the finished shard (exact: statistics included)."""
+        return {"summary": self.summary, "stats": self.stats.state(), "rows": self.rows,
+                "files": [asdict(f) for f in self.files]}
+
+    @classmethod
+    def from_marker(cls, marker: dict[str, Any]) -> ShardResult:
+        return cls(marker["summary"], RunningStats.from_state(marker["stats"]),
+                   int(marker["rows"]), [FileEntry(**f) for f in marker["files"]])
 
 
 def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
@@ -101,9 +114,15 @@ def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
     def read_series(sid: int, start: int, stop: int) -> np.ndarray:
         return sources[sid].read(start, stop)
 
+    storage = get_format(format_name)
     pieces = iter_pieces(sources, series, layout, shard, stats, on_rows)
-    summary = get_format(format_name).write_shard(data_dir, layout, shard, pieces, read_series)
-    return ShardResult(summary, stats, shard.rows)
+    summary = storage.write_shard(data_dir, layout, shard, pieces, read_series)
+    root = data_dir.parent
+    files = []
+    for name in storage.shard_files(data_dir, layout, shard):
+        fsync_file(data_dir / name)
+        files.append(FileEntry.of(root, str((data_dir / name).relative_to(root))))
+    return ShardResult(summary, stats, shard.rows, files)
 
 
 _worker_sources: list[Series] = []
@@ -120,30 +139,49 @@ def _write_shard_in_worker(series: SeriesLayout, format_name: str, data_dir: Pat
 
 
 def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout: DataLayout,
-                 shards: list[ShardTask], *, workers: int,
-                 on_rows: Callable[[int], None]) -> tuple[list[dict[str, Any]], RunningStats]:
-    """Write every shard (``workers`` processes; 1 = in this process); return the
-    shards' summaries in order and the merged column statistics."""
+                 shards: list[ShardTask], *, workers: int, on_rows: Callable[[int], None],
+                 finished: dict[int, ShardResult] | None = None,
+                 on_finished: Callable[[int, ShardResult], None] | None = None,
+                 ) -> list[ShardResult]:
+    """Write every shard not already ``finished`` (``workers`` processes; 1 = in
+    this process), calling ``on_finished`` as each completes; return all the
+    shards' results in shard order."""
     series = SeriesLayout.of(sources)
-    results: list[ShardResult]
-    if workers <= 1 or len(shards) == 1:
-        results = [write_shard(sources, series, format_name, data_dir, layout, shard, on_rows)
-                   for shard in shards]
+    results: dict[int, ShardResult] = dict(finished or {})
+    todo = [shard for shard in shards if shard.number not in results]
+    for number in results:
+        on_rows(results[number].rows)
+
+    def record(number: int, result: ShardResult) -> None:
+        results[number] = result
+        if on_finished is not None:
+            on_finished(number, result)
+
+    if workers <= 1 or len(todo) <= 1:
+        for shard in todo:
+            record(shard.number, write_shard(sources, series, format_name, data_dir, layout,
+                                             shard, on_rows))
     else:
         # spawn, not fork: the caller may have started TensorFlow's threads
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(min(workers, len(shards)), mp_context=context,
                                  initializer=_init_worker, initargs=(sources,)) as pool:
-            futures = [pool.submit(_write_shard_in_worker, series, format_name, data_dir,
-                                   layout, shard) for shard in shards]
+            futures = {pool.submit(_write_shard_in_worker, series, format_name, data_dir,
+                                   layout, shard): shard.number for shard in todo}
             try:
                 for future in as_completed(futures):
-                    on_rows(future.result().rows)  # the first failure raises here
+                    result = future.result()  # the first failure raises here
+                    on_rows(result.rows)
+                    record(futures[future], result)
             except BaseException:
                 pool.shutdown(cancel_futures=True)
                 raise
-            results = [future.result() for future in futures]
+    return [results[shard.number] for shard in shards]
+
+
+def merged_stats(results: list[ShardResult]) -> RunningStats:
+    """The shards' column statistics merged in shard order (deterministic)."""
     stats = RunningStats()
     for result in results:
         stats.merge(result.stats)
-    return [result.summary for result in results], stats
+    return stats

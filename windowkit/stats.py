@@ -55,6 +55,22 @@ class RunningStats:
         self.min, self.max = np.minimum(self.min, other.min), np.maximum(self.max, other.max)
         self.count = total
 
+    def state(self) -> dict[str, Any] | None:
+        """Exact state, JSON-able (Python floats round-trip exactly)."""
+        if self.mean is None or self.m2 is None or self.min is None or self.max is None:
+            return None
+        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(),
+                "min": self.min.tolist(), "max": self.max.tolist()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> RunningStats:
+        stats = cls()
+        if state is not None:
+            stats.count = int(state["count"])
+            stats.mean, stats.m2, stats.min, stats.max = (
+                np.asarray(state[k], dtype=np.float64) for k in ("mean", "m2", "min", "max"))
+        return stats
+
     def to_dict(self) -> dict[str, Any] | None:
         if self.mean is None or self.m2 is None or self.min is None or self.max is None:
             return None

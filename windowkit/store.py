@@ -88,10 +88,16 @@ class Store:
     @cached_property
     def series_table(self) -> Any:
         """``series.parquet`` as a pyarrow Table (one row per series)."""
+        path = self.path / "series.parquet"
         try:
-            return pq.ParquetFile(self.path / "series.parquet").read()
-        except OSError as exc:
-            raise StoreError(f"{self.path / 'series.parquet'}: cannot read ({exc})") from None
+            table = pq.ParquetFile(path, page_checksum_verification=True).read()
+            missing = {"series", "key", "rows", "row_offset", "windows"} - set(table.column_names)
+        except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+            raise StoreError(f"{path}: cannot read ({exc})") from None
+        if missing or len(table) != self.manifest.series["count"]:
+            raise StoreError(f"{path}: does not describe the store's "
+                             f"{self.manifest.series['count']} series")
+        return table
 
     # -- the window index -------------------------------------------------------------
     def index(self, split: str = "train") -> np.ndarray:
@@ -110,7 +116,7 @@ class Store:
                 self._runs[split] = WindowRuns.from_index(
                     self.path / self._split(split)["index"], stride=self.spec.stride,
                     row_offset=table.column("row_offset").to_numpy(),
-                    series_rows=table.column("rows").to_numpy(),
+                    series_rows=table.column("rows").to_numpy(), span=self.spec.span,
                 )
                 if self._runs[split].total != self.num_windows(split):
                     raise StoreError(

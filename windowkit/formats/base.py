@@ -93,6 +93,10 @@ class StorageFormat(Protocol):
     def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
                     pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]: ...
 
+    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
+        """The files (relative to ``data_dir``) that ``write_shard`` writes for ``shard``."""
+        ...
+
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]: ...
 

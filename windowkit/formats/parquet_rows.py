@@ -157,7 +157,7 @@ class ParquetFormat:
     def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
                     pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
         """One part file per shard, one row group per piece."""
-        name = f"part-{shard.number:05d}.parquet"
+        name = self.shard_files(data_dir, layout, shard)[0]
         build = _TableBuilder(layout)
         compression = None if layout.compression == "none" else layout.compression
         with pq.ParquetWriter(data_dir / name, build.schema, compression=compression,
@@ -166,6 +166,9 @@ class ParquetFormat:
             for piece in pieces:
                 writer.write_table(build(piece), row_group_size=max(1, len(piece.rows)))
         return {"path": f"data/{name}", "first_row": shard.first_row, "rows": shard.rows}
+
+    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
+        return [f"part-{shard.number:05d}.parquet"]
 
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]:

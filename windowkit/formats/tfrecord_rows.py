@@ -92,11 +92,14 @@ class TFRecordFormat:
                 "first_row": shard.first_row, "rows": shard.rows,
                 "records": len(table["record"]), "table": table}
 
+    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
+        return [shard_name(shard.number, shard.count)]
+
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]:
         columns = {name: np.concatenate([np.asarray(s["table"][name], dtype=np.int64)
                                          for s in shards]) for name in _RECORD_COLUMNS}
-        pq.write_table(pa.table(columns), data_dir / RECORDS_TABLE)
+        pq.write_table(pa.table(columns), data_dir / RECORDS_TABLE, write_page_checksum=True)
         return {"shards": [{k: s[k] for k in ("path", "first_row", "rows", "records")}
                            for s in shards],
                 "records": f"data/{RECORDS_TABLE}",
@@ -113,10 +116,10 @@ class RecordTable:
 
     def __init__(self, path: Path) -> None:
         try:
-            table = pq.ParquetFile(path).read()
-        except (OSError, pa.ArrowInvalid) as exc:
+            table = pq.ParquetFile(path, page_checksum_verification=True).read()
+            self.columns = {name: table.column(name).to_numpy() for name in _RECORD_COLUMNS}
+        except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
             raise StoreError(f"{path}: cannot read the TFRecord record table ({exc})") from None
-        self.columns = {name: table.column(name).to_numpy() for name in _RECORD_COLUMNS}
         if not np.array_equal(self.columns["record"], np.arange(len(table))):
             raise StoreError(f"{path}: record numbers are not 0..{len(table) - 1} in order")
 

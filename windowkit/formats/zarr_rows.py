@@ -132,6 +132,13 @@ class ZarrFormat:
                              f"{shard.first_row + shard.rows}")
         return {"rows": shard.rows}
 
+    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
+        """The chunk files of the shard's blocks (default v3 chunk key encoding)."""
+        first = shard.first_row // layout.block_rows
+        stop = -(-(shard.first_row + shard.rows) // layout.block_rows)
+        rest = "/0" * len(layout.step_shape)
+        return [f"c/{chunk}{rest}" for chunk in range(first, stop)]
+
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]:
         return {"array": ".", "chunk_rows": layout.block_rows}

@@ -1,0 +1,272 @@
+"""Safe conversion and verification, for every format: locking, disk-space checks,
+resuming byte-identically after an interruption or a kill -9, ``verify`` and
+readers that refuse damaged files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import windowkit as wk
+from tests.conftest import collect_epoch, oracle_windows
+from windowkit.cli import main
+from windowkit.formats import get_format
+from windowkit.verify import verify_store
+from windowkit.workspace import Workspace
+
+SPEC = wk.WindowSpec(8, horizon=2)
+
+
+def _sources(tmp: Path) -> list[Path]:
+    rng = np.random.default_rng(0)
+    paths = []
+    for name, rows in [("a", 3000), ("b", 1700), ("c", 40)]:
+        path = tmp / f"{name}.npy"
+        np.save(path, rng.normal(size=(rows, 3)).astype(np.float32))
+        paths.append(path)
+    return paths
+
+
+def _convert(sources: list[Path], out: Path, fmt: str, **options: object) -> wk.Store:
+    options = {"block_rows": 128, "shards": 6, **options}
+    return wk.convert([str(p) for p in sources], out, format=fmt, window=SPEC,
+                      **options)  # type: ignore[arg-type]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> list[Path]:
+    (tmp_path / "src").mkdir()
+    return _sources(tmp_path / "src")
+
+
+@pytest.fixture
+def reference(tmp_path: Path, sources: list[Path], fmt: str) -> dict[str, bytes]:
+    """Every file of an uninterrupted conversion."""
+    return _tree(_convert(sources, tmp_path / "reference", fmt).path)
+
+
+def _interrupt_after(monkeypatch: pytest.MonkeyPatch, fmt: str, shards: int) -> None:
+    """Make the format's shard writer stop (as on Ctrl-C) once ``shards`` are done."""
+    storage = get_format(fmt)
+    original = type(storage).write_shard
+    calls = {"n": 0}
+
+    def write_shard(self: object, *args: object) -> object:
+        if calls["n"] == shards:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(storage), "write_shard", write_shard)
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def test_resume_after_an_interruption_is_byte_identical(
+        tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out" / "store"
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, fmt, 2)
+        with pytest.raises(KeyboardInterrupt):
+            _convert(sources, out, fmt)
+    assert not out.exists()
+    assert _leftovers(out.parent) == [".store.windowkit-partial"]
+    calls = []
+    storage = get_format(fmt)
+    original = type(storage).write_shard
+    monkeypatch.setattr(type(storage), "write_shard",
+                        lambda self, *a: calls.append(a[2].number) or original(self, *a))
+    with caplog.at_level(logging.INFO, logger="windowkit"):
+        store = _convert(sources, out, fmt)
+    assert calls == [2, 3, 4, 5], "finished shards were written again"
+    assert "resuming an interrupted conversion: 2 of 6 shards already written" in caplog.text
+    assert _tree(store.path) == reference
+    assert _leftovers(out.parent) == []
+    assert verify_store(out) == []
+
+
+def test_a_damaged_finished_shard_is_written_again(
+        tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "store"
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, fmt, 3)
+        with pytest.raises(KeyboardInterrupt):
+            _convert(sources, out, fmt)
+    partial = tmp_path / ".store.windowkit-partial"
+    shard_file = sorted(f for f in (partial / "data").rglob("*") if f.is_file()
+                        and f.name not in ("zarr.json",))[0]
+    data = bytearray(shard_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard_file.write_bytes(bytes(data))
+    assert _tree(_convert(sources, out, fmt).path) == reference
+
+
+def test_changed_options_start_over(tmp_path: Path, sources: list[Path], fmt: str,
+                                    monkeypatch: pytest.MonkeyPatch,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "store"
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, fmt, 2)
+        with pytest.raises(KeyboardInterrupt):
+            _convert(sources, out, fmt)
+    with caplog.at_level(logging.INFO, logger="windowkit"):
+        store = _convert(sources, out, fmt, block_rows=256)
+    assert "the sources or options changed since the interrupted conversion; starting over" \
+        in caplog.text
+    fresh = _convert(sources, tmp_path / "fresh", fmt, block_rows=256)
+    assert _tree(store.path) == _tree(fresh.path)
+
+
+def test_a_second_convert_to_the_same_target_fails_fast(tmp_path: Path, sources: list[Path],
+                                                        fmt: str) -> None:
+    out = tmp_path / "store"
+    running = Workspace(out)
+    running.lock()
+    try:
+        started = time.perf_counter()
+        with pytest.raises(wk.StoreError, match="another windowkit convert is writing this"):
+            _convert(sources, out, fmt)
+        assert time.perf_counter() - started < 5
+    finally:
+        running.release()
+    _convert(sources, out, fmt)  # the lock is gone with its holder
+    assert verify_store(out) == []
+
+
+def test_not_enough_disk_space_is_refused_before_writing(
+        tmp_path: Path, sources: list[Path], fmt: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    result = CliRunner().invoke(main, ["convert", *map(str, sources), "--format", fmt,
+                                       "--out", str(tmp_path / "store"), "--window", "8", "-q"])
+    assert result.exit_code == 2
+    assert re.search(r"not enough disk space for the store: it needs about 0\.\d+ GiB, "
+                     r"0\.00 GiB are free", result.output), result.output
+    assert result.output.count("\n") == 1
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "store").exists()
+
+
+# -- kill -9 at random moments ----------------------------------------------------------
+_CONVERT = """
+import sys, windowkit as wk
+sources, out, fmt = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+wk.convert(sources, out, format=fmt, window=wk.WindowSpec(8, horizon=2), block_rows=128,
+           shards=6)
+"""
+
+
+def _spawn(sources: list[Path], out: Path, fmt: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", _CONVERT, ",".join(map(str, sources)),
+                             str(out), fmt], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def test_kill_9_at_random_moments_then_resume(tmp_path: Path, sources: list[Path], fmt: str,
+                                              reference: dict[str, bytes]) -> None:
+    """Killed at several moments of a conversion, re-running the same command
+    completes it byte-identically and leaves nothing else behind."""
+    started = time.perf_counter()  # how long a whole conversion takes here
+    assert _spawn(sources, tmp_path / "timing", fmt).wait() == 0
+    duration = time.perf_counter() - started
+    rng = np.random.default_rng(7)
+    interrupted = 0
+    for trial, fraction in enumerate([0.5, 0.65, 0.8, 0.95]):
+        out = tmp_path / f"store{trial}"
+        proc = _spawn(sources, out, fmt)
+        time.sleep(duration * fraction * rng.uniform(0.9, 1.1))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if out.exists():  # it had finished: a complete store, nothing else
+            assert verify_store(out) == []
+        else:  # no target, only the workspace; the same command resumes it
+            interrupted += 1
+            rerun = subprocess.run([sys.executable, "-c", _CONVERT, ",".join(map(str, sources)),
+                                    str(out), fmt], capture_output=True, text=True, check=False)
+            assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert _tree(out) == reference
+        assert verify_store(out) == []
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert interrupted, "no trial was killed before it finished"
+
+
+# -- damaged files: verify names them, readers refuse them ------------------------------
+def _damage(path: Path, how: str) -> None:
+    if how == "delete":
+        path.unlink()
+    elif how == "truncate":
+        os.truncate(path, path.stat().st_size // 2)
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x55
+        path.write_bytes(bytes(data))
+
+
+def _read_everything(store: wk.Store) -> tuple[np.ndarray, np.ndarray]:
+    x, y = store.windows("train", np.arange(store.num_windows("train")))
+    tx, ty = collect_epoch(store.tf_dataset("train", 64, shuffle=False))
+    np.testing.assert_array_equal(tx, x)
+    np.testing.assert_array_equal(ty, y)
+    return x, y
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete"])
+def test_damaged_data_files_fail_verify_and_reading(tmp_path: Path, sources: list[Path],
+                                                    fmt: str, how: str) -> None:
+    series = [np.load(p) for p in sources]
+    expected_x, expected_y = oracle_windows(series, SPEC)
+    clean = _convert(sources, tmp_path / "clean", fmt)
+    data_files = sorted(str(p.relative_to(clean.path)) for p in (clean.path / "data").rglob("*")
+                        if p.is_file())
+    for name in data_files[:: max(1, len(data_files) // 4)]:  # a spread of the data files
+        store_path = tmp_path / f"{how}-{name.replace('/', '_')}"
+        _convert(sources, store_path, fmt)
+        _damage(store_path / name, how)
+        problems = verify_store(store_path)
+        assert problems and str(store_path / name) in problems[0], (name, problems)
+        result = CliRunner().invoke(main, ["verify", str(store_path), "-q"])
+        assert result.exit_code == 1 and str(store_path / name) in result.output
+        try:
+            x, y = _read_everything(wk.open_store(store_path))
+        except (wk.StoreError, OSError, ValueError) as exc:  # tf raises DataLossError etc.
+            assert str(exc)
+            continue
+        except Exception as exc:  # TensorFlow's errors: named, never silent
+            assert "tensorflow" in type(exc).__module__, repr(exc)
+            continue
+        # a damaged byte the reader never needs (e.g. metadata statistics) is harmless
+        np.testing.assert_array_equal(x, expected_x)
+        np.testing.assert_array_equal(y, expected_y)
+
+
+def test_verify_passes_an_intact_store_and_reports_stray_files(tmp_path: Path,
+                                                                sources: list[Path],
+                                                                fmt: str) -> None:
+    store = _convert(sources, tmp_path / "store", fmt)
+    result = CliRunner().invoke(main, ["verify", str(store.path)])
+    assert result.exit_code == 0 and result.output.endswith(": ok\n")
+    (store.path / "data" / "stray.bin").write_bytes(b"x")
+    result = CliRunner().invoke(main, ["verify", str(store.path), "-q"])
+    assert result.exit_code == 1
+    assert f"{store.path / 'data' / 'stray.bin'}: file is not in the manifest" in result.output

@@ -1,0 +1,88 @@
+"""``windowkit verify``: re-check a store against its manifest.
+
+Every file the manifest lists must exist with its recorded size and SHA-256,
+and no other file may be there; the data must hold the manifest's rows and
+every index table's windows must lie inside their series.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from windowkit._progress import progress_bar
+from windowkit.errors import WindowkitError
+from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest
+
+_READ_BYTES = 1 << 20
+
+
+def _digest(path: Path, on_bytes: object) -> str:
+    digest = hashlib.new(CHECKSUM)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_READ_BYTES):
+            digest.update(chunk)
+            on_bytes(len(chunk))  # type: ignore[operator]
+    return digest.hexdigest()
+
+
+def _stored_rows(root: Path, manifest: Manifest) -> int:
+    """Rows the data files say they hold (from their own metadata)."""
+    data = manifest.data
+    if manifest.format == "parquet":
+        return sum(pq.ParquetFile(root / f["path"]).metadata.num_rows for f in data["files"])
+    if manifest.format == "tfrecord":
+        records = pq.read_table(root / data["records"], columns=["rows"])
+        return int(records.column("rows").to_numpy().sum())
+    import zarr
+
+    return int(zarr.open_array(store=str(root / "data"), mode="r").shape[0])
+
+
+def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> list[str]:
+    """Problems found in the store at ``path``, one line each naming the file
+    (an empty list: the store is intact)."""
+    from windowkit.store import open_store
+
+    root = Path(path)
+    try:
+        manifest = Manifest.read(root)
+    except WindowkitError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    listed = {entry.path: entry for entry in manifest.files}
+    present = {str(p.relative_to(root)) for p in root.rglob("*")
+               if p.is_file() and p.name != MANIFEST_NAME}
+    for extra in sorted(present - set(listed)):
+        problems.append(f"{root / extra}: file is not in the manifest")
+    total = sum(entry.bytes for entry in manifest.files)
+    with progress_bar(total=total, desc="verify", enabled=progress) as bar:
+        for name, entry in sorted(listed.items()):
+            file = root / name
+            if name not in present:
+                problems.append(f"{file}: file is missing")
+                bar.update(entry.bytes)
+                continue
+            size = file.stat().st_size
+            if size != entry.bytes:
+                problems.append(f"{file}: holds {size} bytes, manifest says {entry.bytes}")
+                bar.update(entry.bytes)
+                continue
+            if _digest(file, bar.update) != entry.sha256:
+                problems.append(f"{file}: checksum differs from the manifest ({CHECKSUM})")
+    if problems:  # the structure checks below read the files just found damaged
+        return problems
+    try:
+        rows = _stored_rows(root, manifest)
+        if rows != manifest.total_rows:
+            problems.append(f"{root / 'data'}: holds {rows} rows, manifest says "
+                            f"{manifest.total_rows}")
+        store = open_store(root)
+        for split in store.splits:
+            store.runs(split)  # checks every window lies inside its series, and the count
+    except (WindowkitError, OSError, ValueError) as exc:
+        problems.append(str(exc))
+    return problems
