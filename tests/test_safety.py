@@ -239,7 +239,9 @@ def test_damaged_data_files_fail_verify_and_reading(tmp_path: Path, sources: lis
     clean = _convert(sources, tmp_path / "clean", fmt)
     data_files = sorted(str(p.relative_to(clean.path)) for p in (clean.path / "data").rglob("*")
                         if p.is_file())
-    for name in data_files[:: max(1, len(data_files) // 4)]:  # a spread of the data files
+    # a spread of the data files, and the index and series tables
+    for name in [*data_files[:: max(1, len(data_files) // 4)], "index/train.parquet",
+                 "series.parquet"]:
         store_path = tmp_path / f"{how}-{name.replace('/', '_')}"
         _convert(sources, store_path, fmt)
         _damage(store_path / name, how)

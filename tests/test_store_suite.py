@@ -28,7 +28,11 @@ STEP_SHAPES = st.sampled_from([(), (1,), (3,), (2, 3, 2)])
 def datasets(draw: st.DrawFn) -> tuple[list[np.ndarray], wk.WindowSpec, int]:
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     step = draw(STEP_SHAPES)
-    lengths = draw(st.lists(st.integers(1, 50), min_size=1, max_size=4))
+    spec = wk.WindowSpec(length=draw(st.integers(1, 6)), stride=draw(st.integers(1, 3)),
+                         sampling_rate=draw(st.integers(1, 3)), horizon=draw(st.integers(0, 3)))
+    # at least one series holds a window (else convert refuses: tests/test_bad_input.py)
+    lengths = draw(st.lists(st.integers(1, 50), min_size=0, max_size=3))
+    lengths.insert(draw(st.integers(0, len(lengths))), draw(st.integers(spec.span, 50)))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     series = []
     for n in lengths:
@@ -37,8 +41,6 @@ def datasets(draw: st.DrawFn) -> tuple[list[np.ndarray], wk.WindowSpec, int]:
         else:
             values = rng.integers(-(2**31), 2**31 - 1, size=(n, *step)).astype(dtype)
         series.append(values)
-    spec = wk.WindowSpec(length=draw(st.integers(1, 6)), stride=draw(st.integers(1, 3)),
-                         sampling_rate=draw(st.integers(1, 3)), horizon=draw(st.integers(0, 3)))
     block_rows = draw(st.integers(1, 24))
     return series, spec, block_rows
 

@@ -57,7 +57,30 @@ class ByteSize(click.ParamType):
         return size
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class _OneLineUsageErrors(click.Group):
+    """Usage mistakes (a missing option, a bad choice) are one line too."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("standalone_mode", None)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
+        except _NO_ARGS_IS_HELP as exc:  # bare `windowkit`: the help, as usual
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"windowkit: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("windowkit: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_OneLineUsageErrors,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="windowkit")
 def main() -> None:
     """Convert time series into window stores; inspect, verify and benchmark them."""

@@ -131,6 +131,12 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     _check_count("shards", shards)
     _check_count("workers", workers)
     series = open_sources(source)
+    longest = max(s.rows for s in series)
+    if longest < spec.span:
+        raise InvalidSpecError(
+            f"a window spans {spec.span} rows (length {spec.length}, horizon {spec.horizon}, "
+            f"sampling rate {spec.sampling_rate}), longer than every series (longest: "
+            f"{longest} rows)")
     out = Path(out)
     _check_target(out, overwrite)
     workspace = Workspace(out)

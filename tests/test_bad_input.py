@@ -1,0 +1,101 @@
+"""The bad-input catalogue: every user mistake, in every format, gives one clear
+line naming what and where, exit status 2, no traceback, and writes nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from windowkit.cli import main
+
+
+def _good(d: Path) -> Path:
+    np.save(d / "good.npy", np.random.default_rng(0).normal(size=(200, 3)).astype(np.float32))
+    return d / "good.npy"
+
+
+def _save(name: str, values: np.ndarray) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        np.save(d / name, values, allow_pickle=True)
+        return d / name
+    return make
+
+
+def _with_value(value: float) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        rows = np.zeros((100, 3), dtype=np.float32)
+        rows[41, 2] = value
+        np.save(d / "bad.npy", rows)
+        return d / "bad.npy"
+    return make
+
+
+def _truncated(d: Path) -> Path:
+    path = _good(d)
+    os.truncate(path, path.stat().st_size - 100)
+    return path
+
+
+def _missing(d: Path) -> Path:
+    return d / "missing.npy"
+
+
+CASES = [  # (make source, extra options, message)
+    (_missing, [], "missing.npy: no such file"),
+    (_good, ["--window", "0"], "window length must be an integer >= 1, got 0"),
+    (_good, ["--stride", "0"], "stride must be an integer >= 1, got 0"),
+    (_good, ["--sampling-rate", "0"], "sampling rate must be an integer >= 1, got 0"),
+    (_good, ["--horizon", "-1"], "horizon must be an integer >= 0, got -1"),
+    (_good, ["--format", "hdf5"], "Invalid value for '--format': 'hdf5' is not one of"),
+    (_save("empty.npy", np.zeros((0, 3), np.float32)), [], "empty.npy: series is empty (0 rows)"),
+    (_save("obj.npy", np.array([[1, "a"]], dtype=object)), [], "obj.npy: "),
+    (_save("text.npy", np.array([["a", "b"]] * 50)), [], "text.npy: "),
+    (_save("cplx.npy", np.ones((50, 2), np.complex64)), [], "cplx.npy: "),
+    (_with_value(np.nan), [], "bad.npy: row 41, column 2 is nan"),
+    (_with_value(np.inf), [], "bad.npy: row 41, column 2 is inf"),
+    (_truncated, [], "good.npy: truncated or damaged .npy file"),
+    (_good, ["--window", "300"], "longer than every series (longest: 200 rows)"),
+    (_good, ["--out", None], "Missing option '--out'"),
+]
+
+
+@pytest.mark.parametrize(("make", "options", "message"), CASES,
+                         ids=[f"{i}-{c[2][:30]}" for i, c in enumerate(CASES)])
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, fmt: str,
+                                                        make: Callable[[Path], Path],
+                                                        options: list[str | None],
+                                                        message: str) -> None:
+    (tmp_path / "src").mkdir()
+    source = make(tmp_path / "src")
+    out = tmp_path / "out" / "store"
+    args = {"--format": fmt, "--out": str(out), "--window": "8"}
+    extra = iter(options)
+    for option in extra:
+        args[str(option)] = next(extra)
+    argv = ["convert", str(source)] + [
+        item for key, value in args.items() if value is not None for item in (key, value)]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("windowkit: error: ")
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    assert message in result.output, result.output
+    assert not out.exists()
+    assert not out.parent.exists() or not list(out.parent.iterdir()), "something was written"
+
+
+def test_an_existing_target_is_refused_and_kept(tmp_path: Path, fmt: str) -> None:
+    source = _good(tmp_path)
+    out = tmp_path / "store"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    result = CliRunner().invoke(main, ["convert", str(source), "--format", fmt, "--out",
+                                       str(out), "--window", "8"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "target exists and is not empty" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.npy", "store"]
+    assert (out / "precious.txt").read_text() == "keep me"
