@@ -25,6 +25,7 @@ demo: $(STAMP)
 		$(BIN)/windowkit convert fixtures/sensors/*.npy --format $$fmt --out $(DEMO)/$$fmt \
 			--window 32 --horizon 4 --quiet && \
 		$(BIN)/windowkit inspect $(DEMO)/$$fmt && \
+		$(BIN)/windowkit verify $(DEMO)/$$fmt && \
 		$(BIN)/python fixtures/demo_train.py $(DEMO)/$$fmt || exit 1; \
 	done
 
