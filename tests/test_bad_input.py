@@ -45,6 +45,41 @@ def _missing(d: Path) -> Path:
     return d / "missing.npy"
 
 
+def _table(name: str, text: str) -> Callable[[Path], Path]:
+    def make(d: Path) -> Path:
+        (d / name).write_text(text)
+        return d / name
+    return make
+
+
+def _long(rows: list[tuple[str, int, str]]) -> str:
+    return "id,t,v\n" + "".join(f"{s},{t},{v}\n" for s, t, v in rows)
+
+
+_GOOD_ROWS = [("a", t, "1.5") for t in range(12)] + [("b", t, "2.5") for t in range(12)]
+_LONG = ["--series-col", "id", "--time-col", "t"]
+
+
+def _nan_parquet(d: Path) -> Path:
+    import pandas as pd
+
+    frame = pd.DataFrame({"id": ["a"] * 12 + ["b"] * 12, "t": list(range(12)) * 2,
+                          "v": np.arange(24.0)})
+    frame.loc[15, "v"] = np.inf
+    frame.to_parquet(d / "t.parquet")
+    return d / "t.parquet"
+
+
+def _corrupt_parquet(d: Path) -> Path:
+    import pandas as pd
+
+    pd.DataFrame({"v": np.arange(50.0)}).to_parquet(d / "bad.parquet")
+    data = bytearray((d / "bad.parquet").read_bytes())
+    data[len(data) // 2: len(data) // 2 + 40] = b"\x00" * 40
+    (d / "bad.parquet").write_bytes(bytes(data[:-30]))
+    return d / "bad.parquet"
+
+
 CASES = [  # (make source, extra options, message)
     (_missing, [], "missing.npy: no such file"),
     (_good, ["--window", "0"], "window length must be an integer >= 1, got 0"),
@@ -61,6 +96,27 @@ CASES = [  # (make source, extra options, message)
     (_truncated, [], "good.npy: truncated or damaged .npy file"),
     (_good, ["--window", "300"], "longer than every series (longest: 200 rows)"),
     (_good, ["--out", None], "Missing option '--out'"),
+    # tables
+    (_table("t.csv", _long(_GOOD_ROWS)), ["--series-col", "nope"], "no series column 'nope'"),
+    (_table("t.csv", _long(_GOOD_ROWS)), ["--time-col", "when"], "no time column 'when'"),
+    (_table("t.csv", _long(_GOOD_ROWS)), [*_LONG, "--columns", "v,w"], "no feature column 'w'"),
+    (_table("t.csv", _long(_GOOD_ROWS[:12] + [("b", t, "x") for t in range(12)])), _LONG,
+     "t.csv: column 'v' is not numeric"),
+    (_table("t.csv", _long(_GOOD_ROWS[:12] + [("b", t, "") for t in range(12)])), _LONG,
+     "t.csv: series 'b', row 12, column 'v' is missing (empty or NaN)"),
+    (_table("t.csv", _long([*_GOOD_ROWS[:12], ("b", 0, "nan"), *_GOOD_ROWS[13:]])), _LONG,
+     "t.csv: series 'b', row 12, column 'v' is missing (empty or NaN)"),
+    (_nan_parquet, _LONG, "t.parquet: series 'b': row 3, column 0 is inf"),
+    (_table("t.csv", _long([*_GOOD_ROWS[:5], ("a", 4, "1"), *_GOOD_ROWS[5:]])), _LONG,
+     "t.csv: series 'a', row 5: time repeats the previous row's"),
+    (_table("t.csv", _long([*_GOOD_ROWS[:5], ("a", 2, "1"), *_GOOD_ROWS[5:]])), _LONG,
+     "t.csv: series 'a', row 5: time goes back from the previous row's"),
+    (_table("t.csv", _long(_GOOD_ROWS[:6] + _GOOD_ROWS[12:] + _GOOD_ROWS[6:12])), _LONG,
+     "rows of series 'a' are not grouped together (it appears again at row 18)"),
+    (_table("t.csv", _long(_GOOD_ROWS) + "c,1,2.0,extra\n"), _LONG, "t.csv: cannot read the table"),
+    (_corrupt_parquet, [], "bad.parquet: cannot read the table"),
+    (_table("t.csv", _long(_GOOD_ROWS)), [*_LONG, "--max-gap", "soon"],
+     "max gap 'soon' is not a number or a duration"),
 ]
 
 

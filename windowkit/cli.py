@@ -106,6 +106,15 @@ def main() -> None:
               help="Rows between the steps of a window.")
 @click.option("--horizon", type=int, default=0, show_default=True,
               help="Target steps after the inputs (0: inputs only).")
+@click.option("--series-col", default=None,
+              help="Table sources: the column naming each row's series (long form).")
+@click.option("--time-col", default=None,
+              help="Table sources: the time column (integers, dates or timestamps).")
+@click.option("--columns", default=None,
+              help="Table sources: feature columns, comma-separated [default: all others].")
+@click.option("--max-gap", default=None,
+              help="Largest time step a window may span (a number, or 90s, 5min, 1h, 2d) "
+                   "[default: each series' regular step].")
 @click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default=None,
               help="Data compression [default: zstd for zarr and parquet, none for tfrecord].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed recorded for splits.")
@@ -124,8 +133,10 @@ def main() -> None:
 def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: int,
             sampling_rate: int, horizon: int, compression: str | None, seed: int,
             block_rows: int | None, shard_size: int, shards: int | None, workers: int,
-            overwrite: bool, quiet: bool) -> None:
-    """Convert SOURCES (.npy files or globs, one series each) into a store.
+            overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
+            columns: str | None, max_gap: str | None) -> None:
+    """Convert SOURCES into a store: .npy files or globs (one series each), or one
+    CSV or Parquet table (long form with --series-col, or one wide series).
 
     Running the same command again after an interruption resumes it."""
     if quiet:
@@ -138,7 +149,9 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     store = run_convert(source, out, format=fmt, window=spec, compression=compression,
                         seed=seed, block_rows=block_rows, shard_size=shard_size,
                         shards=shards, workers=workers, overwrite=overwrite,
-                        progress=not quiet)
+                        progress=not quiet, series_col=series_col, time_col=time_col,
+                        columns=[c.strip() for c in columns.split(",")] if columns else None,
+                        max_gap=max_gap)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "

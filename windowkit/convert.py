@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +36,9 @@ from windowkit.shards import (
     plan_shards,
     write_shards,
 )
-from windowkit.sources import NpySeries, Series, SourceLike, open_sources
+from windowkit.sources import NpySeries, Series, SourceLike, _check_consistent, open_sources
 from windowkit.spec import WindowSpec
+from windowkit.tables import StagedSeries, TableOptions, is_table, stage_table
 from windowkit.workspace import RESUME_DIR, Workspace
 
 if TYPE_CHECKING:
@@ -67,7 +69,9 @@ def _fingerprint(series: list[Series]) -> str:
     for s in series:
         entry: dict[str, Any] = {"key": s.key, "rows": s.rows, "dtype": str(s.dtype),
                                  "step_shape": list(s.step_shape)}
-        if isinstance(s, NpySeries):
+        if isinstance(s, StagedSeries):
+            entry.update(source=s.source_id)
+        elif isinstance(s, NpySeries):
             stat = os.stat(s.path)
             entry.update(path=os.path.abspath(s.path), bytes=stat.st_size,
                          mtime_ns=stat.st_mtime_ns)
@@ -93,6 +97,15 @@ def _check_disk_space(directory: Path, needed: int) -> None:
                          f"{needed / 2**30:.2f} GiB, {free / 2**30:.2f} GiB are free")
 
 
+def _time_columns(series: list[Series]) -> dict[str, Any]:
+    """First/last time and regular step per series (null without a time column)."""
+    if not any(getattr(s, "first_time", None) is not None for s in series):
+        return {}
+    return {name: pa.array([getattr(s, attr) for s in series], type=pa.int64())
+            for name, attr in (("first_time", "first_time"), ("last_time", "last_time"),
+                               ("step", "time_step"))}
+
+
 def _check_count(name: str, value: int | None, *, minimum: int = 1) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < minimum):
@@ -103,7 +116,9 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             window: WindowSpec | int, compression: str | None = None, seed: int = 0,
             block_rows: int | None = None, shard_size: int = DEFAULT_SHARD_BYTES,
             shards: int | None = None, workers: int = 1, overwrite: bool = False,
-            progress: bool = False) -> Store:
+            progress: bool = False, series_col: str | None = None,
+            time_col: str | None = None, columns: Sequence[str] | None = None,
+            max_gap: str | int | None = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
@@ -115,8 +130,13 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     there are ``shards`` of them; ``workers`` processes write shards in
     parallel. Rows are streamed block by block: peak memory does not grow with
     the source.
+
+    A CSV or Parquet file, or a pandas DataFrame, is a table
+    (:mod:`windowkit.tables`): ``series_col`` names the series of a long table
+    (without it the table is one series), ``time_col`` its times (strictly
+    increasing per series; no window spans a gap larger than ``max_gap``,
+    by default each series' regular step), ``columns`` the features.
     """
-    from windowkit.store import open_store
 
     spec = _as_spec(window)
     storage = get_format(format)
@@ -130,7 +150,37 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     _check_count("shard size", shard_size)
     _check_count("shards", shards)
     _check_count("workers", workers)
-    series = open_sources(source)
+    table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap)
+    if not is_table(source):
+        if table != TableOptions():
+            raise InvalidSpecError("series_col, time_col, columns and max_gap apply to table "
+                                   "sources (CSV, Parquet, DataFrame) only")
+        return _convert(open_sources(source), out, storage_name=format, spec=spec,
+                        compression=compression, seed=seed, block_rows=block_rows,
+                        shard_size=shard_size, shards=shards, workers=workers,
+                        overwrite=overwrite, progress=progress)
+    out = Path(out)
+    _check_target(out, overwrite)
+    staging = out.parent / f".{out.name}.windowkit-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        staged = _check_consistent(list(stage_table(source, table, staging)))
+        return _convert(staged, out, storage_name=format, spec=spec, compression=compression,
+                        seed=seed, block_rows=block_rows, shard_size=shard_size,
+                        shards=shards, workers=workers, overwrite=overwrite,
+                        progress=progress, time_info=table)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name: str,
+             spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
+             shard_size: int, shards: int | None, workers: int, overwrite: bool,
+             progress: bool, time_info: TableOptions | None = None) -> Store:
+    from windowkit.store import open_store
+
+    format = storage_name
     longest = max(s.rows for s in series)
     if longest < spec.span:
         raise InvalidSpecError(
@@ -145,7 +195,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         manifest = _write_store(workspace, series, storage_name=format, spec=spec,
                                 compression=compression, seed=seed, block_rows=block_rows,
                                 shard_size=shard_size, shards=shards, workers=workers,
-                                progress=progress)
+                                progress=progress, time_info=time_info)
         manifest.write(workspace.root)
         workspace.publish(overwrite)
     except WindowkitError:
@@ -174,7 +224,7 @@ def _plan_key(series: list[Series], storage_name: str, layout: DataLayout,
 def _write_store(workspace: Workspace, series: list[Series], *, storage_name: str,
                  spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
                  shard_size: int, shards: int | None, workers: int,
-                 progress: bool) -> Manifest:
+                 progress: bool, time_info: TableOptions | None = None) -> Manifest:
     root = workspace.root
     first = series[0]
     dtype, step_shape = first.dtype, first.step_shape
@@ -215,8 +265,15 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
     (root / "index").mkdir()
     index_writer = IndexWriter(root / "index" / "train.parquet", spec)
     windows_per_series = np.zeros(len(series), dtype=np.int64)
+    gap_skipped = 0
     for sid, s in enumerate(series):
-        windows_per_series[sid] = index_writer.add_series(sid, s.rows)
+        segments = getattr(s, "segments", None)
+        if segments:
+            for lo, hi in segments:
+                windows_per_series[sid] += index_writer.add_series(sid, hi - lo, first_row=lo)
+            gap_skipped += spec.num_windows(s.rows) - int(windows_per_series[sid])
+        else:
+            windows_per_series[sid] = index_writer.add_series(sid, s.rows)
     index_writer.close()
 
     pq.write_table(pa.table({
@@ -225,9 +282,12 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         "rows": pa.array(rows),
         "row_offset": pa.array(row_offset),
         "windows": pa.array(windows_per_series),
+        **_time_columns(series),
     }), root / "series.parquet", write_page_checksum=True)
 
     columns = [f"f{i}" for i in range(step_shape[0])] if step_shape else None
+    if time_info is not None and getattr(first, "features", None):
+        columns = list(first.features)  # type: ignore[attr-defined]
     files = sorted(
         str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
         and p.name != MANIFEST_NAME and p.relative_to(root).parts[0] != RESUME_DIR
@@ -242,7 +302,11 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         block_rows=layout.block_rows,
         splits={"train": {"windows": int(windows_per_series.sum()),
                           "index": "index/train.parquet"}},
-        series={"count": len(series), "too_short": int((windows_per_series == 0).sum())},
+        series={"count": len(series), "too_short": int((windows_per_series == 0).sum()),
+                "gap_skipped_windows": gap_skipped,
+                **({"time_column": time_info.time_col, "time_unit": getattr(first, "time_unit", ""),
+                    "time_zone": getattr(first, "time_zone", None)}
+                   if time_info is not None and time_info.time_col else {})},
         data={**data_info, "compression": compression, "raw_bytes": total_rows * row_bytes},
         normalization=stats.to_dict(),
         options={"compression": compression, "seed": seed, "block_rows": block_rows,

@@ -59,13 +59,14 @@ class IndexWriter:
         )
         self.windows = 0
 
-    def add_series(self, series_id: int, rows: int) -> int:
-        """Append every window of a series of ``rows`` rows, in bounded slices;
-        return how many windows it has."""
+    def add_series(self, series_id: int, rows: int, *, first_row: int = 0) -> int:
+        """Append every window of ``rows`` rows of a series starting at its row
+        ``first_row`` (a whole series, or a gap-free stretch of one), in bounded
+        slices; return how many windows they hold."""
         count = self._spec.num_windows(rows)
         for first in range(0, count, _INDEX_ROW_GROUP):
-            self.add(series_id, window_starts(rows, self._spec, first=first,
-                                              limit=_INDEX_ROW_GROUP))
+            self.add(series_id, first_row + window_starts(rows, self._spec, first=first,
+                                                          limit=_INDEX_ROW_GROUP))
         return count
 
     def add(self, series_id: int, starts: np.ndarray) -> None:

@@ -37,6 +37,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "window": m.window.to_dict(),
         "series": m.series["count"],
         "too_short_series": m.series["too_short"],
+        "gap_skipped_windows": m.series.get("gap_skipped_windows", 0),
+        "time_column": m.series.get("time_column"),
         "rows": m.total_rows,
         "splits": {name: split["windows"] for name, split in m.splits.items()},
         "block_rows": m.block_rows,
@@ -63,7 +65,10 @@ def render(summary: dict[str, Any]) -> str:
         ("window", ", ".join(f"{k}={v}" for k, v in window.items())),
         ("series", f"{summary['series']} ({summary['too_short_series']} too short for a window)"),
         ("rows", f"{summary['rows']:,}"),
+        *([("time column", str(summary["time_column"]))] if summary["time_column"] else []),
         *[(f"windows [{name}]", f"{count:,}") for name, count in summary["splits"].items()],
+        *([("windows skipped", f"{summary['gap_skipped_windows']:,} (they span a time gap)")]
+          if summary["gap_skipped_windows"] else []),
         ("blocks", f"{summary['block_rows']:,} rows ({_human(summary['block_bytes'])}) per "
                    f"{_BLOCK_NAMES.get(summary['format'], 'block')}"),
         *([("data files", f"{summary['data_files']:,}")] if summary["data_files"] else []),

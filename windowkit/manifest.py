@@ -45,7 +45,7 @@ class Manifest:
     total_rows: int
     block_rows: int
     splits: dict[str, dict[str, Any]]
-    series: dict[str, int]
+    series: dict[str, Any]
     data: dict[str, Any]
     normalization: dict[str, Any] | None
     options: dict[str, Any]

@@ -1,0 +1,154 @@
+"""Table sources (CSV, Parquet, DataFrames) in every format: long and wide form,
+time columns, gaps, and real-looking panels, short series and sensor logs."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import windowkit as wk
+from tests.conftest import oracle_windows
+from windowkit.cli import main
+
+
+def _segments(times: np.ndarray, max_gap: int | None = None) -> list[tuple[int, int]]:
+    diffs = np.diff(times)
+    if len(diffs) == 0:
+        return [(0, len(times))]
+    values, counts = np.unique(diffs, return_counts=True)
+    gap = max_gap or values[np.argmax(counts)]
+    cuts = [0, *(np.flatnonzero(diffs > gap) + 1).tolist(), len(times)]
+    return list(itertools.pairwise(cuts))
+
+
+def _expected(frame: pd.DataFrame, spec: wk.WindowSpec, *, series: str | None, time: str | None,
+              features: list[str], max_gap: int | None = None) -> np.ndarray:
+    """The oracle: each series split at its gaps, windows of each stretch."""
+    groups = [frame] if series is None else [g for _, g in frame.groupby(series, sort=False)]
+    pieces = []
+    for group in groups:
+        values = group[features].to_numpy()
+        if time is None:
+            pieces.append(values)
+            continue
+        stamps = group[time]
+        if stamps.dtype.kind == "M":  # timestamps: nanoseconds in UTC
+            stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None) if stamps.dt.tz else stamps
+            times = stamps.to_numpy().astype("datetime64[ns]").astype(np.int64)
+        else:
+            times = stamps.to_numpy().astype(np.int64)
+        pieces += [values[a:b] for a, b in _segments(times, max_gap)]
+    return oracle_windows(pieces, spec)[0]
+
+
+def _all_windows(store: wk.Store) -> np.ndarray:
+    got = store.windows("train", np.arange(store.num_windows("train")))
+    return got[0] if isinstance(got, tuple) else got
+
+
+def _sensor_log() -> pd.DataFrame:
+    """Two sensors sampled each second, with a dropout and a clock in UTC+1."""
+    rng = np.random.default_rng(3)
+    parts = []
+    for name, n in [("north", 300), ("south", 180)]:
+        t = pd.date_range("2025-03-01 12:00", periods=n, freq="s", tz="Europe/Berlin")
+        keep = np.ones(n, bool)
+        keep[100:130] = False  # a 31 s dropout
+        parts.append(pd.DataFrame({"sensor": name, "time": t[keep],
+                                   "temp": rng.normal(20, 1, keep.sum()),
+                                   "humidity": rng.uniform(30, 60, keep.sum())}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _panel() -> pd.DataFrame:
+    """Countries x years (integer time), one country missing two years."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for country in ["AT", "BE", "CH", "DK"]:
+        years = [y for y in range(1990, 2021) if not (country == "CH" and y in (2001, 2002))]
+        for year in years:
+            rows.append({"country": country, "year": year, "gdp": rng.normal(100, 5),
+                         "pop": int(rng.integers(1_000, 9_000))})
+    return pd.DataFrame(rows)
+
+
+def _short_series() -> pd.DataFrame:
+    """Many short series of varying length, some shorter than a window."""
+    rng = np.random.default_rng(5)
+    parts = [pd.DataFrame({"id": f"s{i:03d}", "t": np.arange(n), "v": rng.normal(size=n)})
+             for i, n in enumerate(rng.integers(1, 30, size=120))]
+    return pd.concat(parts, ignore_index=True)
+
+
+CASES = {  # name: (frame, series column, time column, features, window)
+    "sensor": (_sensor_log, "sensor", "time", ["temp", "humidity"], wk.WindowSpec(16, horizon=2)),
+    "panel": (_panel, "country", "year", ["gdp", "pop"], wk.WindowSpec(5, stride=2)),
+    "short": (_short_series, "id", "t", ["v"], wk.WindowSpec(8)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("kind", ["csv", "parquet", "dataframe"])
+def test_real_looking_tables_give_the_oracle_windows(tmp_path: Path, fmt: str, case: str,
+                                                     kind: str) -> None:
+    make, series, time, features, spec = CASES[case]
+    frame = make()
+    if kind == "csv":
+        source: object = tmp_path / "t.csv"
+        frame.to_csv(source, index=False)
+    elif kind == "parquet":
+        source = tmp_path / "t.parquet"
+        frame.to_parquet(source, index=False)
+    else:
+        source = frame
+    store = wk.convert(source, tmp_path / "store", format=fmt, window=spec, series_col=series,
+                       time_col=time, columns=features)
+    expected = _expected(frame, spec, series=series, time=time, features=features)
+    assert store.num_windows("train") == len(expected)
+    np.testing.assert_allclose(_all_windows(store), expected.astype(store.dtype))
+    assert store.manifest.columns == features
+    table = pq.read_table(store.path / "series.parquet").to_pandas()
+    assert table["key"].tolist() == list(dict.fromkeys(frame[series].astype(str)))
+    first = frame.groupby(series, sort=False)[time].first()
+    if frame[time].dtype.kind == "M":
+        first = first.dt.tz_convert("UTC").dt.tz_localize(None).astype("datetime64[ns]")
+        first = first.astype(np.int64)
+    assert table["first_time"].tolist() == first.tolist()
+    unrestricted = sum(spec.num_windows(n) for n in frame.groupby(series, sort=False).size())
+    assert store.manifest.series["gap_skipped_windows"] == unrestricted - len(expected)
+
+
+def test_max_gap_lets_windows_span_larger_steps(tmp_path: Path, fmt: str) -> None:
+    frame = _sensor_log()
+    frame.to_csv(tmp_path / "log.csv", index=False)
+    result = CliRunner().invoke(main, [
+        "convert", str(tmp_path / "log.csv"), "--format", fmt, "--out", str(tmp_path / "s"),
+        "--window", "16", "--series-col", "sensor", "--time-col", "time",
+        "--columns", "temp,humidity", "--max-gap", "1min", "-q"])
+    assert result.exit_code == 0, result.output
+    store = wk.open_store(tmp_path / "s")
+    expected = _expected(frame, wk.WindowSpec(16), series="sensor", time="time",
+                         features=["temp", "humidity"], max_gap=60 * 10**9)
+    assert store.num_windows("train") == len(expected) == (300 - 30 - 15) + (180 - 30 - 15)
+    inspect = CliRunner().invoke(main, ["inspect", str(tmp_path / "s")])
+    assert "time column      time" in inspect.output
+    assert "windows skipped" not in inspect.output
+
+
+def test_a_wide_csv_is_one_series(tmp_path: Path, fmt: str) -> None:
+    values = np.random.default_rng(0).normal(size=(200, 4))
+    pd.DataFrame(values, columns=list("abcd")).to_csv(tmp_path / "wide.csv", index=False)
+    store = wk.convert(tmp_path / "wide.csv", tmp_path / "s", format=fmt, window=10)
+    assert store.manifest.series["count"] == 1 and store.manifest.columns == list("abcd")
+    np.testing.assert_allclose(_all_windows(store), oracle_windows([values], wk.WindowSpec(10))[0])
+
+
+def test_table_options_need_a_table_source(tmp_path: Path) -> None:
+    with pytest.raises(wk.InvalidSpecError, match="apply to table sources"):
+        wk.convert([np.zeros((50, 2))], tmp_path / "s", window=4, series_col="id")

@@ -1,0 +1,369 @@
+"""Table sources: CSV and Parquet files (long or wide form) and pandas DataFrames.
+
+A table is streamed once, in record batches (pyarrow's streaming CSV reader,
+Parquet row group by row group), and *staged*: the feature values of each
+series are appended to one raw little-endian file and its times to another,
+so the rest of the conversion reads series by row range from memory maps, in
+bounded memory, whatever the table's size. Rows must come grouped by series
+and in time order within a series (the way a database export or a
+``groupby`` usually writes them); otherwise the table is refused with a message
+that says how to fix it.
+
+Time: integer, date and timestamp columns are kept as int64 (days for dates,
+nanoseconds since the epoch, in UTC, for timestamps). Times must strictly
+increase within a series. Each series' regular step is the most common
+difference between consecutive times; a difference larger than ``max_gap``
+(by default the step) is a gap, and no window spans it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from windowkit.errors import InvalidSpecError, SourceError, SourceNotFoundError
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+_BATCH_ROWS = 1 << 16
+_CSV_BLOCK_BYTES = 8 << 20
+_TIME_CHUNK = 1 << 20  # time differences examined at once
+_UNITS_NS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "min": 60 * 10**9,
+             "h": 3600 * 10**9, "d": 86400 * 10**9}
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """How to read a table: which column names the series, which the time, and
+    which are features (default: every other column)."""
+
+    series_col: str | None = None
+    time_col: str | None = None
+    columns: tuple[str, ...] | None = None
+    max_gap: str | int | None = None
+
+
+def is_table(source: Any) -> bool:
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).suffix.lower() in TABLE_SUFFIXES
+    return type(source).__name__ == "DataFrame" and hasattr(source, "columns")
+
+
+def parse_gap(value: str | int | None, unit: str) -> int | None:
+    """``max_gap`` in the time column's int64 units: a number, or for timestamps
+    a duration such as ``90s``, ``5min``, ``1h``, ``2d``."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        gap = value
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", str(value).lower())
+        if match is None or (match.group(2) and match.group(2) not in _UNITS_NS):
+            raise InvalidSpecError(f"max gap {value!r} is not a number or a duration "
+                                   f"(examples: 3, 90s, 5min, 1h, 2d)")
+        number, suffix = float(match.group(1)), match.group(2)
+        if suffix and unit != "ns":
+            raise InvalidSpecError(f"max gap {value!r} has a unit, but the time column "
+                                   f"holds {unit or 'plain numbers'}")
+        gap = int(number * _UNITS_NS[suffix]) if suffix else int(number)
+    if gap < 1:
+        raise InvalidSpecError(f"max gap must be >= 1, got {value!r}")
+    return gap
+
+
+@dataclass
+class StagedSeries:
+    """One series of a staged table: rows in a raw file, read by memory map."""
+
+    key: str
+    where: str
+    path: str
+    first_row: int  # of this series in the staged file
+    rows: int
+    dtype: np.dtype
+    step_shape: tuple[int, ...]
+    source_id: str  # what the rows came from (the table's fingerprint)
+    features: tuple[str, ...] = ()
+    time_unit: str = ""  # "ns" (timestamps, UTC), "days" (dates), "" (integers)
+    time_zone: str | None = None
+    first_time: int | None = None
+    last_time: int | None = None
+    time_step: int | None = None
+    segments: list[tuple[int, int]] = field(default_factory=list)  # gap-free row ranges
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        width = int(np.prod(self.step_shape, dtype=np.int64))
+        rows = np.memmap(self.path, dtype=self.dtype, mode="r",
+                         offset=(self.first_row + start) * width * self.dtype.itemsize,
+                         shape=(stop - start, *self.step_shape))
+        return np.array(rows)
+
+
+def _time_unit(kind: pa.DataType) -> tuple[str, str | None]:
+    if pa.types.is_timestamp(kind):
+        return "ns", kind.tz
+    if pa.types.is_date(kind):
+        return "days", None
+    if pa.types.is_integer(kind):
+        return "", None
+    raise SourceError(f"time column has type {kind}; expected integers, dates or timestamps")
+
+
+def _times_int64(column: pa.Array, unit: str) -> np.ndarray:
+    if unit == "ns":
+        column = column.cast(pa.timestamp("ns", tz=column.type.tz))
+        return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if unit == "days":
+        return column.cast(pa.date32()).cast(pa.int32()).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+    return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
+class _Stager:
+    """Streams record batches of one table into the staging files."""
+
+    def __init__(self, name: str, options: TableOptions, staging: Path, source_id: str) -> None:
+        self.name, self.options, self.source_id = name, options, source_id
+        self.values_path = staging / "rows.bin"
+        self.values = open(self.values_path, "wb")  # noqa: SIM115 - closed by close()
+        self.times_path = staging / "times.bin"
+        self.times = open(self.times_path, "wb")  # noqa: SIM115 - closed by close()
+        self.features: list[str] = []
+        self.dtype: np.dtype | None = None
+        self.unit: str = ""
+        self.tz: str | None = None
+        self.series: list[StagedSeries] = []
+        self.seen: set[str] = set()
+        self.row = 0  # table rows consumed
+        self.staged = 0  # rows written
+        self.current: str | None = None
+        self.current_first = 0
+        self.current_rows = 0
+        self.last_time: int | None = None
+
+    def schema(self, schema: pa.Schema) -> None:
+        names = schema.names
+        opts = self.options
+        for label, column in (("series", opts.series_col), ("time", opts.time_col),
+                              *(("feature", c) for c in opts.columns or ())):
+            if column is not None and column not in names:
+                raise SourceError(f"{self.name}: no {label} column {column!r} (columns: "
+                                  f"{', '.join(names)})")
+        skip = {opts.series_col, opts.time_col}
+        self.features = list(opts.columns) if opts.columns else [
+            n for n in names if n not in skip]
+        if not self.features:
+            raise SourceError(f"{self.name}: no feature columns")
+        kinds = []
+        for column in self.features:
+            kind = schema.field(column).type
+            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                    or pa.types.is_boolean(kind) or pa.types.is_null(kind)):
+                raise SourceError(f"{self.name}: column {column!r} is not numeric ({kind}); "
+                                  "pass the feature columns with --columns")
+            kinds.append(np.dtype(kind.to_pandas_dtype()) if not pa.types.is_null(kind)
+                         else np.dtype(np.float32))
+        self.dtype = np.result_type(*kinds)
+        if self.dtype.kind == "b":
+            self.dtype = np.dtype(np.uint8)
+        if opts.time_col is not None:
+            self.unit, self.tz = _time_unit(schema.field(opts.time_col).type)
+
+    def batch(self, batch: pa.RecordBatch) -> None:
+        n = batch.num_rows
+        if n == 0:
+            return
+        assert self.dtype is not None
+        columns = []
+        for name in self.features:
+            column = batch.column(name)
+            if column.null_count:
+                at = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                raise SourceError(f"{self.name}: {self._series_at(batch, at)}row {self.row + at}, "
+                                  f"column {name!r} is missing (empty or NaN); missing values "
+                                  "are not allowed")
+            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+                    or pa.types.is_boolean(column.type)):
+                raise SourceError(f"{self.name}: column {name!r} is not numeric near row "
+                                  f"{self.row} ({column.type})")
+            columns.append(column.to_numpy(zero_copy_only=False))
+        values = np.column_stack(columns).astype(self.dtype.newbyteorder("<"), copy=False)
+        if self.options.series_col is not None:
+            keys = batch.column(self.options.series_col).cast(pa.string())
+            if keys.null_count:
+                row = self.row + int(np.flatnonzero(keys.is_null().to_numpy(
+                    zero_copy_only=False))[0])
+                raise SourceError(f"{self.name}: row {row}, series column "
+                                  f"{self.options.series_col!r} is empty")
+            key_values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
+            cuts = np.flatnonzero(key_values[1:] != key_values[:-1]) + 1
+        else:
+            key_values = None
+            cuts = np.empty(0, dtype=np.int64)
+        times = None
+        if self.options.time_col is not None:
+            column = batch.column(self.options.time_col)
+            if column.null_count:
+                row = self.row + int(np.flatnonzero(column.is_null().to_numpy(
+                    zero_copy_only=False))[0])
+                raise SourceError(f"{self.name}: row {row}, time column "
+                                  f"{self.options.time_col!r} is empty")
+            times = _times_int64(column, self.unit)
+        for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [n]]), strict=True):
+            key = str(key_values[lo]) if key_values is not None else Path(self.name).stem
+            if key != self.current:
+                self._start(key, self.row + int(lo))
+            if times is not None:
+                self._check_times(times[lo:hi], self.row + int(lo))
+                self.times.write(times[lo:hi].astype("<i8").tobytes())
+            self.values.write(values[lo:hi].tobytes())
+            self.current_rows += int(hi - lo)
+        self.row += n
+
+    def _series_at(self, batch: pa.RecordBatch, at: int) -> str:
+        if self.options.series_col is None:
+            return ""
+        return f"series {str(batch.column(self.options.series_col)[at].as_py())!r}, "
+
+    def _start(self, key: str, row: int) -> None:
+        if key in self.seen:
+            raise SourceError(
+                f"{self.name}: rows of series {key!r} are not grouped together (it appears "
+                f"again at row {row}); sort the table by {self.options.series_col!r}"
+                + (f" and {self.options.time_col!r}" if self.options.time_col else "")
+                + " first")
+        self._finish()
+        self.seen.add(key)
+        self.current, self.current_first, self.current_rows = key, self.staged, 0
+        self.last_time = None
+
+    def _check_times(self, times: np.ndarray, row: int) -> None:
+        previous = np.concatenate([[self.last_time], times[:-1]]) if self.last_time is not None \
+            else times[:-1]
+        current = times if self.last_time is not None else times[1:]
+        bad = np.flatnonzero(current <= previous)
+        if len(bad):
+            at = row + int(bad[0]) + (0 if self.last_time is not None else 1)
+            what = "repeats" if current[bad[0]] == previous[bad[0]] else "goes back from"
+            raise SourceError(
+                f"{self.name}: series {self.current!r}, row {at}: time {what} the previous "
+                f"row's; times must strictly increase within a series")
+        if len(times):
+            self.last_time = int(times[-1])
+
+    def _finish(self) -> None:
+        if self.current is None:
+            return
+        assert self.dtype is not None
+        series = StagedSeries(
+            key=self.current, where=f"{self.name}: series {self.current!r}",
+            path=str(self.values_path), first_row=self.current_first, rows=self.current_rows,
+            dtype=self.dtype, step_shape=(len(self.features),), source_id=self.source_id,
+            features=tuple(self.features), time_unit=self.unit, time_zone=self.tz)
+        if self.options.time_col is not None:
+            self._timing(series)
+        self.series.append(series)
+        self.staged += self.current_rows
+
+    def _time_chunks(self, series: StagedSeries) -> Iterator[tuple[int, np.ndarray]]:
+        """The series' consecutive time differences, chunk by chunk: ``(row of the
+        chunk's first difference's later row, diffs)``; memory stays bounded."""
+        self.times.flush()
+        times = np.memmap(self.times_path, dtype="<i8", mode="r",
+                          offset=series.first_row * 8, shape=(series.rows,))
+        for lo in range(0, series.rows - 1, _TIME_CHUNK):
+            chunk = np.asarray(times[lo:min(series.rows, lo + _TIME_CHUNK + 1)])
+            yield lo + 1, np.diff(chunk)
+
+    def _timing(self, series: StagedSeries) -> None:
+        """First/last time, the regular step (the most common difference) and the
+        gap-free stretches of rows, in two bounded passes over the staged times."""
+        self.times.flush()
+        times = np.memmap(self.times_path, dtype="<i8", mode="r",
+                          offset=series.first_row * 8, shape=(series.rows,))
+        series.first_time, series.last_time = int(times[0]), int(times[-1])
+        counts: Counter[int] = Counter()
+        for _, diffs in self._time_chunks(series):
+            steps, n = np.unique(diffs, return_counts=True)
+            counts.update(dict(zip(steps.tolist(), n.tolist(), strict=True)))
+        if not counts:
+            series.segments = [(0, series.rows)]
+            return
+        series.time_step = max(counts.items(), key=lambda item: (item[1], -item[0]))[0]
+        gap = parse_gap(self.options.max_gap, self.unit) or series.time_step
+        breaks = [first + int(i) for first, diffs in self._time_chunks(series)
+                  for i in np.flatnonzero(diffs > gap)]
+        bounds = [0, *breaks, series.rows]
+        series.segments = list(itertools.pairwise(bounds))
+
+    def close(self) -> list[StagedSeries]:
+        self._finish()
+        self.values.close()
+        self.times.close()
+        return self.series
+
+
+def _batches(source: Any, name: str, needed: list[str] | None) -> Iterator[pa.RecordBatch]:
+    """The table's record batches, streamed."""
+    if not isinstance(source, (str, os.PathLike)):
+        table = pa.Table.from_pandas(source, preserve_index=False)
+        yield from table.to_batches(_BATCH_ROWS)
+        return
+    path = os.fspath(source)
+    if not os.path.exists(path):
+        raise SourceNotFoundError(f"{path}: no such file")
+    try:
+        if Path(path).suffix.lower() == ".csv":
+            from pyarrow import csv
+
+            reader = csv.open_csv(path, read_options=csv.ReadOptions(block_size=_CSV_BLOCK_BYTES))
+            yield from reader
+        else:
+            import pyarrow.parquet as pq
+
+            yield from pq.ParquetFile(path).iter_batches(batch_size=_BATCH_ROWS,
+                                                         columns=needed)
+    except (pa.ArrowInvalid, OSError) as exc:
+        message = str(exc).splitlines()[0]
+        raise SourceError(f"{path}: cannot read the table ({message})") from None
+
+
+def stage_table(source: Any, options: TableOptions, staging: Path) -> list[StagedSeries]:
+    """Stream a table into ``staging`` and return its series."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        name = path
+        try:
+            stat = os.stat(path)
+            source_id = f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
+        except OSError:
+            source_id = path
+    else:
+        name, source_id = "DataFrame", f"DataFrame:{id(source)}"
+    needed = None
+    if options.columns:
+        needed = [c for c in (options.series_col, options.time_col, *options.columns) if c]
+    stager = _Stager(name, options, staging, source_id)
+    first = True
+    try:
+        for batch in _batches(source, name, needed):
+            if first:
+                stager.schema(batch.schema)
+                first = False
+            stager.batch(batch)
+    except BaseException:
+        stager.values.close()
+        stager.times.close()
+        raise
+    series = stager.close()
+    if first:
+        raise SourceError(f"{name}: the table has no rows")
+    return series
