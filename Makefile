@@ -7,7 +7,7 @@ DEMO   := demo
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test lint typecheck bench bench-memory fixtures clean
+.PHONY: install demo test lint typecheck bench bench-memory bench-csv fixtures clean
 
 install: $(STAMP)
 
@@ -43,6 +43,9 @@ bench: $(STAMP)
 
 bench-memory: $(STAMP)
 	$(BIN)/python -m windowkit.benchmark memory
+
+bench-csv: $(STAMP)
+	$(BIN)/python -m windowkit.benchmark csv
 
 fixtures: $(STAMP)
 	$(BIN)/python fixtures/make_fixtures.py

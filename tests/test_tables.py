@@ -152,3 +152,18 @@ def test_a_wide_csv_is_one_series(tmp_path: Path, fmt: str) -> None:
 def test_table_options_need_a_table_source(tmp_path: Path) -> None:
     with pytest.raises(wk.InvalidSpecError, match="apply to table sources"):
         wk.convert([np.zeros((50, 2))], tmp_path / "s", window=4, series_col="id")
+
+
+def test_a_locked_target_is_refused_before_staging(tmp_path: Path) -> None:
+    from windowkit.workspace import Workspace
+
+    pd.DataFrame({"v": np.arange(50.0)}).to_csv(tmp_path / "t.csv", index=False)
+    running = Workspace(tmp_path / "s")
+    running.lock()
+    try:
+        with pytest.raises(wk.StoreError, match="another windowkit convert is writing"):
+            wk.convert(tmp_path / "t.csv", tmp_path / "s", window=4)
+        assert not (tmp_path / ".s.windowkit-staging").exists()
+    finally:
+        running.release()
+    assert wk.convert(tmp_path / "t.csv", tmp_path / "s", window=4).num_windows() == 47

@@ -6,6 +6,7 @@ shared machines are noisy.
 
     python -m windowkit.benchmark throughput   # windows/s vs materialized windows
     python -m windowkit.benchmark memory       # 0.5 and 4 GiB .npy: convert, epoch RSS
+    python -m windowkit.benchmark csv          # 2 GiB long CSV: convert peak RSS
 """
 
 from __future__ import annotations
@@ -110,9 +111,22 @@ def child_tf_import() -> dict[str, Any]:
     return {"peak_rss_mb": peak_rss_mb()}
 
 
+def child_convert_csv(source: str, out: str, fmt: str) -> dict[str, Any]:
+    import windowkit as wk
+
+    start = time.perf_counter()
+    store = wk.convert(source, out, format=fmt, window=LENGTH, overwrite=True,
+                       series_col="series", time_col="time")
+    seconds = time.perf_counter() - start
+    size = os.path.getsize(source)
+    return {"csv_mb_s": size / seconds / 1e6, "seconds": seconds, "csv_bytes": size,
+            "rows": store.manifest.total_rows, "windows": store.num_windows("train"),
+            "peak_rss_mb": peak_rss_mb(), "imported_tensorflow": "tensorflow" in sys.modules}
+
+
 CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
-    "convert": child_convert, "windowkit": child_windowkit, "keras": child_keras,
-    "materialized": child_materialized, "tf_import": child_tf_import,
+    "convert": child_convert, "convert_csv": child_convert_csv, "windowkit": child_windowkit,
+    "keras": child_keras, "materialized": child_materialized, "tf_import": child_tf_import,
 }
 
 
@@ -229,6 +243,52 @@ def memory(sizes: list[float]) -> None:
           ">= 100 MB/s; reader RSS within 100 MB across store sizes")
 
 
+def _csv_source(gib: float) -> Path:
+    """A long CSV (series, time, 8 float features) of about ``gib`` GiB, written
+    in chunks: 50 series, each a run of rows one second apart."""
+    path = OUT / f"csv-src-{gib:g}gib.csv"
+    if path.exists():
+        return path
+    OUT.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    target, written, series, chunk = int(gib * 2**30), 0, 50, 200_000
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as fh:
+        fh.write("series,time," + ",".join(f"x{i}" for i in range(8)) + "\n")
+        rows_per_series = None
+        for sid in range(series):
+            start = 0
+            while True:
+                values = rng.normal(size=(chunk, 8)).round(5)
+                lines = "\n".join(
+                    f"s{sid:02d},{start + i}," + ",".join(map(str, row))
+                    for i, row in enumerate(values.tolist())) + "\n"
+                fh.write(lines)
+                written += len(lines)
+                start += chunk
+                if rows_per_series is None and written * series >= target:
+                    rows_per_series = start
+                if rows_per_series is not None and start >= rows_per_series:
+                    break
+    tmp.rename(path)
+    return path
+
+
+def csv(gib: float) -> None:
+    """Convert a long CSV larger than the budget: peak RSS must stay under 1 GB."""
+    source = _csv_source(gib)
+    print(f"source: {source} ({source.stat().st_size / 2**30:.2f} GiB long CSV: series, "
+          f"time, 8 float columns); machine: {os.cpu_count()} cores")
+    for f in _formats():
+        store = OUT / f"csv-{f}"
+        r = _run_child("convert_csv", str(source), str(store), f)
+        print(f"{f:<9} {r['rows']:,} rows, {r['windows']:,} windows in {r['seconds']:.0f} s "
+              f"({r['csv_mb_s']:.0f} MB/s of CSV), peak RSS {r['peak_rss_mb']:.0f} MB",
+              flush=True)
+        shutil.rmtree(store, ignore_errors=True)
+    print("bar: peak RSS < 1 GB")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m windowkit.benchmark")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("memory")
     p.add_argument("--gib", type=float, nargs="+", default=[0.5, 4.0],
                    help="store sizes (GiB of raw rows)")
+    p = sub.add_parser("csv")
+    p.add_argument("--gib", type=float, default=2.0)
     p = sub.add_parser("child")
     p.add_argument("name", choices=sorted(CHILDREN))
     p.add_argument("args", nargs="*")
@@ -245,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
         throughput(args.rounds)
     elif args.command == "memory":
         memory(args.gib)
+    elif args.command == "csv":
+        csv(args.gib)
     else:
         print(json.dumps(CHILDREN[args.name](*args.args)))
 

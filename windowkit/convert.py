@@ -161,23 +161,30 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
                         overwrite=overwrite, progress=progress)
     out = Path(out)
     _check_target(out, overwrite)
+    workspace = Workspace(out)
+    workspace.lock()  # before staging: a second conversion must not touch our files
     staging = out.parent / f".{out.name}.windowkit-staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
         staged = _check_consistent(list(stage_table(source, table, staging)))
         return _convert(staged, out, storage_name=format, spec=spec, compression=compression,
                         seed=seed, block_rows=block_rows, shard_size=shard_size,
                         shards=shards, workers=workers, overwrite=overwrite,
-                        progress=progress, time_info=table)
+                        progress=progress, time_info=table, workspace=workspace)
+    except WindowkitError:
+        workspace.discard()
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        workspace.release()
 
 
 def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name: str,
              spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
              shard_size: int, shards: int | None, workers: int, overwrite: bool,
-             progress: bool, time_info: TableOptions | None = None) -> Store:
+             progress: bool, time_info: TableOptions | None = None,
+             workspace: Workspace | None = None) -> Store:
     from windowkit.store import open_store
 
     format = storage_name
@@ -188,9 +195,10 @@ def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name:
             f"sampling rate {spec.sampling_rate}), longer than every series (longest: "
             f"{longest} rows)")
     out = Path(out)
-    _check_target(out, overwrite)
-    workspace = Workspace(out)
-    workspace.lock()
+    if workspace is None:
+        _check_target(out, overwrite)
+        workspace = Workspace(out)
+        workspace.lock()
     try:
         manifest = _write_store(workspace, series, storage_name=format, spec=spec,
                                 compression=compression, seed=seed, block_rows=block_rows,
