@@ -13,7 +13,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,8 @@ from windowkit.shards import (
 )
 from windowkit.sources import NpySeries, Series, SourceLike, _check_consistent, open_sources
 from windowkit.spec import WindowSpec
-from windowkit.tables import StagedSeries, TableOptions, is_table, stage_table
+from windowkit.splits import SplitPlan, parse_fractions, split_names_for
+from windowkit.tables import StagedSeries, TableOptions, is_table, parse_time, stage_table
 from windowkit.workspace import RESUME_DIR, Workspace
 
 if TYPE_CHECKING:
@@ -97,6 +99,31 @@ def _check_disk_space(directory: Path, needed: int) -> None:
                          f"{needed / 2**30:.2f} GiB, {free / 2**30:.2f} GiB are free")
 
 
+@dataclass(frozen=True)
+class SplitOptions:
+    fractions: dict[str, float] | None = None
+    by: str = "time"
+    at: str | Sequence[str | int] | None = None
+    seed: int = 0
+
+    def plan(self, series: list[Series]) -> SplitPlan:
+        rows = np.array([s.rows for s in series], dtype=np.int64)
+        if self.by not in ("time", "series"):
+            raise InvalidSpecError(f"split_by must be 'time' or 'series', got {self.by!r}")
+        if self.at is not None:
+            points = self.at.split(",") if isinstance(self.at, str) else list(self.at)
+            unit = getattr(series[0], "time_unit", "")
+            cuts = sorted(parse_time(p, unit) for p in points)
+            names = split_names_for(len(cuts), self.fractions)
+            times = [s.times() if isinstance(s, StagedSeries) else None for s in series]
+            return SplitPlan.at_times(times, cuts, names)
+        if self.fractions is None:
+            return SplitPlan.single(rows)
+        if self.by == "series":
+            return SplitPlan.by_series(rows, self.fractions, self.seed)
+        return SplitPlan.chronological(rows, self.fractions)
+
+
 def _time_columns(series: list[Series]) -> dict[str, Any]:
     """First/last time and regular step per series (null without a time column)."""
     if not any(getattr(s, "first_time", None) is not None for s in series):
@@ -118,7 +145,9 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             shards: int | None = None, workers: int = 1, overwrite: bool = False,
             progress: bool = False, series_col: str | None = None,
             time_col: str | None = None, columns: Sequence[str] | None = None,
-            max_gap: str | int | None = None) -> Store:
+            max_gap: str | int | None = None,
+            splits: str | Mapping[str, float] | None = None, split_by: str = "time",
+            split_at: str | Sequence[str | int] | None = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
@@ -136,6 +165,12 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     (without it the table is one series), ``time_col`` its times (strictly
     increasing per series; no window spans a gap larger than ``max_gap``,
     by default each series' regular step), ``columns`` the features.
+
+    ``splits`` (``{"train": .8, "val": .2}`` or ``"train=0.8,val=0.2"``) cuts
+    each series chronologically (``split_by="series"``: whole series, seeded by
+    ``seed``), or ``split_at`` cuts at points in time; windows that would share
+    a row with another split are dropped (:mod:`windowkit.splits`).
+    Normalization statistics come from the training rows only.
     """
 
     spec = _as_spec(window)
@@ -151,6 +186,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     _check_count("shards", shards)
     _check_count("workers", workers)
     table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap)
+    split = SplitOptions(parse_fractions(splits), split_by, split_at, seed)
     if not is_table(source):
         if table != TableOptions():
             raise InvalidSpecError("series_col, time_col, columns and max_gap apply to table "
@@ -158,7 +194,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         return _convert(open_sources(source), out, storage_name=format, spec=spec,
                         compression=compression, seed=seed, block_rows=block_rows,
                         shard_size=shard_size, shards=shards, workers=workers,
-                        overwrite=overwrite, progress=progress)
+                        overwrite=overwrite, progress=progress, split=split)
     out = Path(out)
     _check_target(out, overwrite)
     workspace = Workspace(out)
@@ -171,7 +207,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         return _convert(staged, out, storage_name=format, spec=spec, compression=compression,
                         seed=seed, block_rows=block_rows, shard_size=shard_size,
                         shards=shards, workers=workers, overwrite=overwrite,
-                        progress=progress, time_info=table, workspace=workspace)
+                        progress=progress, time_info=table, workspace=workspace, split=split)
     except WindowkitError:
         workspace.discard()
         raise
@@ -183,7 +219,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
 def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name: str,
              spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
              shard_size: int, shards: int | None, workers: int, overwrite: bool,
-             progress: bool, time_info: TableOptions | None = None,
+             progress: bool, split: SplitOptions, time_info: TableOptions | None = None,
              workspace: Workspace | None = None) -> Store:
     from windowkit.store import open_store
 
@@ -194,6 +230,7 @@ def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name:
             f"a window spans {spec.span} rows (length {spec.length}, horizon {spec.horizon}, "
             f"sampling rate {spec.sampling_rate}), longer than every series (longest: "
             f"{longest} rows)")
+    plan = split.plan(series)
     out = Path(out)
     if workspace is None:
         _check_target(out, overwrite)
@@ -203,7 +240,7 @@ def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name:
         manifest = _write_store(workspace, series, storage_name=format, spec=spec,
                                 compression=compression, seed=seed, block_rows=block_rows,
                                 shard_size=shard_size, shards=shards, workers=workers,
-                                progress=progress, time_info=time_info)
+                                progress=progress, time_info=time_info, plan=plan)
         manifest.write(workspace.root)
         workspace.publish(overwrite)
     except WindowkitError:
@@ -220,19 +257,20 @@ def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name:
 
 
 def _plan_key(series: list[Series], storage_name: str, layout: DataLayout,
-              tasks: list[ShardTask], seed: int) -> str:
+              tasks: list[ShardTask], seed: int, splits: SplitPlan) -> str:
     """A digest of everything the store's bytes depend on."""
     plan = {"sources": _fingerprint(series), "format": storage_name,
             "window": layout.window.to_dict(), "compression": layout.compression,
             "block_rows": layout.block_rows, "seed": seed, "windowkit": __version__,
-            "shards": [[t.first_row, t.rows] for t in tasks]}
+            "shards": [[t.first_row, t.rows] for t in tasks], "splits": splits.key()}
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
 
 
 def _write_store(workspace: Workspace, series: list[Series], *, storage_name: str,
                  spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
                  shard_size: int, shards: int | None, workers: int,
-                 progress: bool, time_info: TableOptions | None = None) -> Manifest:
+                 progress: bool, plan: SplitPlan,
+                 time_info: TableOptions | None = None) -> Manifest:
     root = workspace.root
     first = series[0]
     dtype, step_shape = first.dtype, first.step_shape
@@ -248,7 +286,8 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         window=spec, compression=compression)
     data_dir = root / "data"
     tasks = plan_shards(layout, placement, shard_bytes=shard_size, shards=shards)
-    markers = workspace.open(_plan_key(series, storage_name, layout, tasks, seed))
+    plan_key = _plan_key(series, storage_name, layout, tasks, seed, plan)
+    markers = workspace.open(plan_key)
     finished = {n: ShardResult.from_marker(m) for n, m in (markers or {}).items()}
     reused = sum(f.bytes for result in finished.values() for f in result.files)
     # rows (plus TFRecord halos, at most 5%), index and metadata; compression only saves
@@ -256,7 +295,7 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
     if markers is None:
         data_dir.mkdir()
         storage.prepare(data_dir, layout, len(tasks))
-        workspace.start(_plan_key(series, storage_name, layout, tasks, seed))
+        workspace.start(plan_key)
     elif finished:
         log.info("%s: resuming an interrupted conversion: %d of %d shards already written",
                  workspace.out, len(finished), len(tasks))
@@ -264,25 +303,38 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         results = write_shards(series, storage_name, data_dir, layout, tasks, workers=workers,
                                on_rows=lambda n: bar.update(n * row_bytes), finished=finished,
                                on_finished=lambda n, r: workspace.shard_finished(
-                                   n, r.to_marker()))
+                                   n, r.to_marker()), train_ranges=plan.train_ranges())
     data_info = storage.finish(data_dir, layout, [r.summary for r in results])
     stats = merged_stats(results)
     known = {f.path: f for result in results for f in result.files}
 
     shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its shards
     (root / "index").mkdir()
-    index_writer = IndexWriter(root / "index" / "train.parquet", spec)
     windows_per_series = np.zeros(len(series), dtype=np.int64)
     gap_skipped = 0
-    for sid, s in enumerate(series):
-        segments = getattr(s, "segments", None)
-        if segments:
-            for lo, hi in segments:
-                windows_per_series[sid] += index_writer.add_series(sid, hi - lo, first_row=lo)
-            gap_skipped += spec.num_windows(s.rows) - int(windows_per_series[sid])
-        else:
-            windows_per_series[sid] = index_writer.add_series(sid, s.rows)
-    index_writer.close()
+    split_info: dict[str, dict[str, Any]] = {}
+    for k, name in enumerate(plan.names):
+        writer = IndexWriter(root / "index" / f"{name}.parquet", spec)
+        times: list[int] = []
+        for sid, s in enumerate(series):
+            lo, hi = (int(v) for v in plan.ranges[sid, k])
+            if hi <= lo:
+                continue
+            stretches = getattr(s, "segments", None) or [(0, s.rows)]
+            got = 0
+            for a, b in stretches:
+                a, b = max(a, lo), min(b, hi)
+                if b > a:
+                    got += writer.add_series(sid, b - a, first_row=a)
+            windows_per_series[sid] += got
+            gap_skipped += spec.num_windows(hi - lo) - got
+            series_times = s.times() if isinstance(s, StagedSeries) else None
+            if series_times is not None:
+                times += [int(series_times[lo]), int(series_times[hi - 1])]
+        writer.close()
+        split_info[name] = {"windows": writer.windows, "index": f"index/{name}.parquet",
+                            "first_time": min(times) if times else None,
+                            "last_time": max(times) if times else None}
 
     pq.write_table(pa.table({
         "series": pa.array(np.arange(len(series), dtype=np.int32)),
@@ -308,8 +360,7 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         window=spec,
         total_rows=total_rows,
         block_rows=layout.block_rows,
-        splits={"train": {"windows": int(windows_per_series.sum()),
-                          "index": "index/train.parquet"}},
+        splits=split_info,
         series={"count": len(series), "too_short": int((windows_per_series == 0).sum()),
                 "gap_skipped_windows": gap_skipped,
                 **({"time_column": time_info.time_col, "time_unit": getattr(first, "time_unit", ""),
@@ -318,7 +369,9 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         data={**data_info, "compression": compression, "raw_bytes": total_rows * row_bytes},
         normalization=stats.to_dict(),
         options={"compression": compression, "seed": seed, "block_rows": block_rows,
-                 "shard_size": shard_size, "shards": shards, "windowkit": __version__},
+                 "shard_size": shard_size, "shards": shards, "windowkit": __version__,
+                 "split": plan.names, "normalization_rows": "train" if "train" in plan.names
+                 else plan.names[0]},
         source_fingerprint=_fingerprint(series),
         files=[known.get(f) or FileEntry.of(root, f) for f in files],
     )

@@ -36,6 +36,7 @@ class SeriesLayout:
 
     rows: np.ndarray  # int64 [series]
     row_offset: np.ndarray  # int64 [series]
+    train: np.ndarray | None = None  # int64 [series, 2]: rows feeding the statistics
 
     @classmethod
     def of(cls, series: list[Series]) -> SeriesLayout:
@@ -80,7 +81,12 @@ def iter_pieces(sources: list[Series], series: SeriesLayout, layout: DataLayout,
         local = position - int(series.row_offset[sid])
         rows = sources[sid].read(local, local + end - position)
         check_finite(rows, sources[sid], local)
-        stats.update(rows)
+        if series.train is None:
+            stats.update(rows)
+        else:  # statistics of training rows only
+            lo, hi = (int(v) - local for v in series.train[sid])
+            if min(hi, len(rows)) > max(lo, 0):
+                stats.update(rows[max(lo, 0):min(hi, len(rows))])
         if on_rows is not None:
             on_rows(len(rows))
         yield Piece(number=number, series_id=sid, series_rows=int(series.rows[sid]),
@@ -142,11 +148,12 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
                  shards: list[ShardTask], *, workers: int, on_rows: Callable[[int], None],
                  finished: dict[int, ShardResult] | None = None,
                  on_finished: Callable[[int, ShardResult], None] | None = None,
-                 ) -> list[ShardResult]:
+                 train_ranges: np.ndarray | None = None) -> list[ShardResult]:
     """Write every shard not already ``finished`` (``workers`` processes; 1 = in
     this process), calling ``on_finished`` as each completes; return all the
     shards' results in shard order."""
-    series = SeriesLayout.of(sources)
+    placement = SeriesLayout.of(sources)
+    series = SeriesLayout(placement.rows, placement.row_offset, train_ranges)
     results: dict[int, ShardResult] = dict(finished or {})
     todo = [shard for shard in shards if shard.number not in results]
     for number in results:

@@ -57,6 +57,23 @@ def is_table(source: Any) -> bool:
     return type(source).__name__ == "DataFrame" and hasattr(source, "columns")
 
 
+def parse_time(value: str | int, unit: str) -> int:
+    """A time cut point in the time column's int64 units: a number, or for dates
+    and timestamps an ISO date or date-time (UTC)."""
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        if unit == "days":
+            return int(np.datetime64(text, "D").astype(np.int64))
+        if unit == "ns":
+            return int(np.datetime64(text.rstrip("Z"), "ns").astype(np.int64))
+    except ValueError:
+        pass
+    raise InvalidSpecError(f"split point {value!r} is not a time of the time column "
+                           f"(expected {'an ISO date or date-time' if unit else 'an integer'})")
+
+
 def parse_gap(value: str | int | None, unit: str) -> int | None:
     """``max_gap`` in the time column's int64 units: a number, or for timestamps
     a duration such as ``90s``, ``5min``, ``1h``, ``2d``."""
@@ -98,6 +115,14 @@ class StagedSeries:
     last_time: int | None = None
     time_step: int | None = None
     segments: list[tuple[int, int]] = field(default_factory=list)  # gap-free row ranges
+    times_path: str = ""
+
+    def times(self) -> np.ndarray | None:
+        """The series' times (int64, memory-mapped), or None without a time column."""
+        if not self.times_path:
+            return None
+        return np.memmap(self.times_path, dtype="<i8", mode="r", offset=self.first_row * 8,
+                         shape=(self.rows,))
 
     def read(self, start: int, stop: int) -> np.ndarray:
         width = int(np.prod(self.step_shape, dtype=np.int64))
@@ -267,7 +292,8 @@ class _Stager:
             key=self.current, where=f"{self.name}: series {self.current!r}",
             path=str(self.values_path), first_row=self.current_first, rows=self.current_rows,
             dtype=self.dtype, step_shape=(len(self.features),), source_id=self.source_id,
-            features=tuple(self.features), time_unit=self.unit, time_zone=self.tz)
+            features=tuple(self.features), time_unit=self.unit, time_zone=self.tz,
+            times_path=str(self.times_path) if self.options.time_col else "")
         if self.options.time_col is not None:
             self._timing(series)
         self.series.append(series)

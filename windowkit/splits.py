@@ -1,0 +1,123 @@
+"""Train/validation/test splits that cannot leak (DESIGN §3).
+
+A split plan gives every series one contiguous range of rows per split. A
+window belongs to a split when all its rows lie in that split's range, so no
+row of a validation window ever appears in a training window: windows that
+would straddle two ranges are dropped.
+
+- ``by="time"`` (default): each series is cut chronologically by the
+  fractions (``train=0.8,val=0.1,test=0.1``: its first 80% of rows, then 10%,
+  then 10%).
+- ``by="series"``: whole series go to one split, drawn with a seeded
+  permutation, in proportion to the fractions.
+- ``at=[T1, T2]``: cut points in time (rows before ``T1``, from ``T1`` to
+  ``T2``, from ``T2`` on), for sources with a time column.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from windowkit.errors import InvalidSpecError
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def parse_fractions(value: str | Mapping[str, float] | None) -> dict[str, float] | None:
+    """``"train=0.8,val=0.2"`` (or a mapping) as ordered split fractions."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        pairs: list[tuple[str, Any]] = []
+        for part in value.split(","):
+            name, sep, number = part.partition("=")
+            if not sep:
+                raise InvalidSpecError(f"split {value!r} does not parse: expected "
+                                       "name=fraction pairs such as train=0.8,val=0.2")
+            pairs.append((name.strip(), number.strip()))
+    else:
+        pairs = list(value.items())
+    fractions: dict[str, float] = {}
+    for name, number in pairs:
+        if not _NAME.fullmatch(str(name)):
+            raise InvalidSpecError(f"split name {name!r} is not a valid name")
+        if name in fractions:
+            raise InvalidSpecError(f"split {name!r} appears twice")
+        try:
+            fraction = float(number)
+        except (TypeError, ValueError):
+            raise InvalidSpecError(f"split {name}={number!r}: the fraction is not a number") \
+                from None
+        if not 0 < fraction <= 1:
+            raise InvalidSpecError(f"split {name}={number}: the fraction must be in (0, 1]")
+        fractions[str(name)] = fraction
+    if sum(fractions.values()) > 1 + 1e-9:
+        raise InvalidSpecError(f"split fractions sum to {sum(fractions.values()):g}, over 1")
+    return fractions
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Row ranges ``ranges[series, split] = (lo, hi)`` for the named splits."""
+
+    names: tuple[str, ...]
+    ranges: np.ndarray  # int64 [series, splits, 2]
+
+    @classmethod
+    def single(cls, rows: np.ndarray) -> SplitPlan:
+        ranges = np.stack([np.zeros_like(rows), rows], axis=-1)[:, None, :]
+        return cls(("train",), ranges.astype(np.int64))
+
+    @classmethod
+    def chronological(cls, rows: np.ndarray, fractions: dict[str, float]) -> SplitPlan:
+        cuts = np.cumsum([0.0, *fractions.values()])
+        bounds = np.rint(rows[:, None] * cuts[None, :]).astype(np.int64)
+        return cls(tuple(fractions), np.stack([bounds[:, :-1], bounds[:, 1:]], axis=-1))
+
+    @classmethod
+    def by_series(cls, rows: np.ndarray, fractions: dict[str, float], seed: int) -> SplitPlan:
+        order = np.random.default_rng(seed).permutation(len(rows))
+        cuts = np.rint(np.cumsum([0.0, *fractions.values()]) * len(rows)).astype(np.int64)
+        ranges = np.zeros((len(rows), len(fractions), 2), dtype=np.int64)
+        for k in range(len(fractions)):
+            chosen = order[cuts[k]:cuts[k + 1]]
+            ranges[chosen, k, 1] = rows[chosen]
+        return cls(tuple(fractions), ranges)
+
+    @classmethod
+    def at_times(cls, times: Sequence[np.ndarray | None], cuts: Sequence[int],
+                 names: Sequence[str]) -> SplitPlan:
+        """Rows with time < cuts[0] go to names[0], and so on."""
+        ranges = np.zeros((len(times), len(names), 2), dtype=np.int64)
+        for s, t in enumerate(times):
+            if t is None:
+                raise InvalidSpecError("split points in time need a time column (--time-col)")
+            bounds = [0, *np.searchsorted(t, cuts, side="left").tolist(), len(t)]
+            ranges[s, :, 0], ranges[s, :, 1] = bounds[:-1], bounds[1:]
+        return cls(tuple(names), ranges)
+
+    def train_ranges(self) -> np.ndarray:
+        """``[series, 2]`` row ranges whose rows feed the normalization statistics."""
+        k = self.names.index("train") if "train" in self.names else 0
+        return np.ascontiguousarray(self.ranges[:, k, :])
+
+    def key(self) -> list[Any]:
+        return [list(self.names), self.ranges.tolist()]
+
+
+def split_names_for(cuts: int, fractions: dict[str, float] | None) -> tuple[str, ...]:
+    """Names of the ``cuts + 1`` splits made by time cut points."""
+    if fractions is not None:
+        if len(fractions) != cuts + 1:
+            raise InvalidSpecError(f"{cuts} split points make {cuts + 1} splits, but "
+                                   f"{len(fractions)} split names were given")
+        return tuple(fractions)
+    defaults = ("train", "val", "test")
+    if cuts + 1 > len(defaults):
+        raise InvalidSpecError("more than 2 split points need names: --split a=..,b=..,..")
+    return defaults[:cuts + 1]
