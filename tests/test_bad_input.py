@@ -96,6 +96,9 @@ CASES = [  # (make source, extra options, message)
     (_truncated, [], "good.npy: truncated or damaged .npy file"),
     (_good, ["--window", "300"], "longer than every series (longest: 200 rows)"),
     (_good, ["--out", None], "Missing option '--out'"),
+    (_good, ["--split", "train=0.8,val"], "split 'train=0.8,val' does not parse"),
+    (_good, ["--split", "train=0.8,val=0.3"], "split fractions sum to 1.1, over 1"),
+    (_good, ["--split-at", "2020"], "split points in time need a time column"),
     # tables
     (_table("t.csv", _long(_GOOD_ROWS)), ["--series-col", "nope"], "no series column 'nope'"),
     (_table("t.csv", _long(_GOOD_ROWS)), ["--time-col", "when"], "no time column 'when'"),

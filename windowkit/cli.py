@@ -115,9 +115,17 @@ def main() -> None:
 @click.option("--max-gap", default=None,
               help="Largest time step a window may span (a number, or 90s, 5min, 1h, 2d) "
                    "[default: each series' regular step].")
+@click.option("--split", "splits", default=None,
+              help="Splits by fraction, e.g. train=0.8,val=0.1,test=0.1 [default: all train].")
+@click.option("--split-by", type=click.Choice(["time", "series"]), default="time",
+              show_default=True, help="Cut each series in time, or assign whole series "
+              "(seeded by --seed).")
+@click.option("--split-at", default=None,
+              help="Split at points in time instead, e.g. 2020-01-01,2022-01-01 or 2015,2018.")
 @click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default=None,
               help="Data compression [default: zstd for zarr and parquet, none for tfrecord].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed recorded for splits.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of --split-by series.")
 @click.option("--block-rows", type=int, default=None,
               help="Rows per storage block (chunk, record, row group); default: a power of "
                    "two near 1 MiB.")
@@ -134,7 +142,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             sampling_rate: int, horizon: int, compression: str | None, seed: int,
             block_rows: int | None, shard_size: int, shards: int | None, workers: int,
             overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
-            columns: str | None, max_gap: str | None) -> None:
+            columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
+            split_at: str | None) -> None:
     """Convert SOURCES into a store: .npy files or globs (one series each), or one
     CSV or Parquet table (long form with --series-col, or one wide series).
 
@@ -151,7 +160,7 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
                         shards=shards, workers=workers, overwrite=overwrite,
                         progress=not quiet, series_col=series_col, time_col=time_col,
                         columns=[c.strip() for c in columns.split(",")] if columns else None,
-                        max_gap=max_gap)
+                        max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from windowkit.store import open_store
 
 
@@ -28,6 +30,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     row_bytes = store.dtype.itemsize
     for dim in m.step_shape:
         row_bytes *= dim
+    order = [n for n in m.options.get("split") or [] if n in m.splits] or sorted(m.splits)
+    unit = m.series.get("time_unit", "")
     return {
         "path": str(store.path),
         "format": m.format,
@@ -40,7 +44,10 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "gap_skipped_windows": m.series.get("gap_skipped_windows", 0),
         "time_column": m.series.get("time_column"),
         "rows": m.total_rows,
-        "splits": {name: split["windows"] for name, split in m.splits.items()},
+        "splits": {name: m.splits[name]["windows"] for name in order},
+        "split_times": {name: [_time(m.splits[name].get(k), unit)
+                               for k in ("first_time", "last_time")]
+                        for name in order if m.splits[name].get("first_time") is not None},
         "block_rows": m.block_rows,
         "block_bytes": m.block_rows * row_bytes,
         "compression": m.data.get("compression"),
@@ -50,6 +57,15 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "files": len(m.files),
         "data_files": len(m.data.get("shards") or m.data.get("files") or []),
     }
+
+
+def _time(value: int | None, unit: str) -> int | str | None:
+    """A stored time as users wrote it: ISO dates and UTC date-times, or the number."""
+    if value is None or unit not in ("ns", "days"):
+        return value
+    if unit == "days":
+        return str(np.datetime64(int(value), "D"))
+    return str(np.datetime64(int(value), "ns").astype("datetime64[s]")) + "Z"
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -66,7 +82,10 @@ def render(summary: dict[str, Any]) -> str:
         ("series", f"{summary['series']} ({summary['too_short_series']} too short for a window)"),
         ("rows", f"{summary['rows']:,}"),
         *([("time column", str(summary["time_column"]))] if summary["time_column"] else []),
-        *[(f"windows [{name}]", f"{count:,}") for name, count in summary["splits"].items()],
+        *[(f"windows [{name}]", f"{count:,}" + (
+            f"  (times {summary['split_times'][name][0]}..{summary['split_times'][name][1]})"
+            if name in summary["split_times"] else ""))
+          for name, count in summary["splits"].items()],
         *([("windows skipped", f"{summary['gap_skipped_windows']:,} (they span a time gap)")]
           if summary["gap_skipped_windows"] else []),
         ("blocks", f"{summary['block_rows']:,} rows ({_human(summary['block_bytes'])}) per "
