@@ -272,3 +272,20 @@ def test_verify_passes_an_intact_store_and_reports_stray_files(tmp_path: Path,
     result = CliRunner().invoke(main, ["verify", str(store.path), "-q"])
     assert result.exit_code == 1
     assert f"{store.path / 'data' / 'stray.bin'}: file is not in the manifest" in result.output
+
+
+def test_too_little_space_on_resume_keeps_the_finished_shards(
+        tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "store"
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, fmt, 2)
+        with pytest.raises(KeyboardInterrupt):
+            _convert(sources, out, fmt)
+    usage = namedtuple("usage", "total used free")
+    with monkeypatch.context() as patch:
+        patch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 0))
+        with pytest.raises(wk.DiskSpaceError, match="not enough disk space"):
+            _convert(sources, out, fmt)
+    assert _leftovers(tmp_path) == [".store.windowkit-partial"]  # still resumable
+    assert _tree(_convert(sources, out, fmt).path) == reference

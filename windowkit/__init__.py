@@ -7,6 +7,7 @@ length)``, resolve windows in vectorized batches at read time.
 from windowkit._version import __version__
 from windowkit.convert import convert
 from windowkit.errors import (
+    DiskSpaceError,
     InvalidSpecError,
     SourceError,
     SourceNotFoundError,
@@ -21,6 +22,7 @@ from windowkit.store import Store, open_store
 __all__ = [
     "FORMATS",
     "FORMAT_NAMES",
+    "DiskSpaceError",
     "InvalidSpecError",
     "SourceError",
     "SourceNotFoundError",

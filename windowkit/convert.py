@@ -24,7 +24,12 @@ import pyarrow.parquet as pq
 
 from windowkit._progress import progress_bar
 from windowkit._version import __version__
-from windowkit.errors import InvalidSpecError, StoreError, StoreExistsError, WindowkitError
+from windowkit.errors import (
+    DiskSpaceError,
+    InvalidSpecError,
+    StoreExistsError,
+    WindowkitError,
+)
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import ShardTask
 from windowkit.index import IndexWriter
@@ -95,7 +100,7 @@ def _check_disk_space(directory: Path, needed: int) -> None:
     """Refuse to start a conversion that cannot fit on the target's disk."""
     free = shutil.disk_usage(directory).free
     if needed > free:
-        raise StoreError(f"{directory}: not enough disk space for the store: it needs about "
+        raise DiskSpaceError(f"{directory}: not enough disk space for the store: it needs about "
                          f"{needed / 2**30:.2f} GiB, {free / 2**30:.2f} GiB are free")
 
 
@@ -208,7 +213,13 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
                         seed=seed, block_rows=block_rows, shard_size=shard_size,
                         shards=shards, workers=workers, overwrite=overwrite,
                         progress=progress, time_info=table, workspace=workspace, split=split)
+    except DiskSpaceError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not workspace.resumable:
+            workspace.discard()
+        raise
     except WindowkitError:
+        shutil.rmtree(staging, ignore_errors=True)
         workspace.discard()
         raise
     finally:
@@ -243,6 +254,10 @@ def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name:
                                 progress=progress, time_info=time_info, plan=plan)
         manifest.write(workspace.root)
         workspace.publish(overwrite)
+    except DiskSpaceError:
+        if not workspace.resumable:  # keep finished shards for a re-run with more space
+            workspace.discard()
+        raise
     except WindowkitError:
         workspace.discard()  # a user mistake: leave nothing behind
         raise

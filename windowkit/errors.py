@@ -31,3 +31,7 @@ class StoreError(WindowkitError, OSError):
 class StoreExistsError(StoreError, FileExistsError):
     """The conversion target already exists and is not empty."""
 
+
+
+class DiskSpaceError(StoreError):
+    """The target's file system has too little free space for the store."""

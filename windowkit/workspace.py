@@ -80,6 +80,7 @@ class Workspace:
         self.out = out
         self.root = out.parent / f".{out.name}.windowkit-partial"
         self._fd: int | None = None
+        self._created_parents: list[Path] = []
 
     @property
     def _resume(self) -> Path:
@@ -87,6 +88,8 @@ class Workspace:
 
     def lock(self) -> None:
         """Create (or find) the workspace and lock it, or fail at once."""
+        missing = [p for p in self.root.parents if not p.exists()]
+        self._created_parents = missing  # removed again by discard() when left empty
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -188,5 +191,16 @@ class Workspace:
             shutil.rmtree(old, ignore_errors=True)
 
     def discard(self) -> None:
-        """Remove the workspace (after a user mistake: nothing is left behind)."""
+        """Remove the workspace, and the directories made for it (after a user
+        mistake: nothing is left behind)."""
         shutil.rmtree(self.root, ignore_errors=True)
+        for parent in self._created_parents:  # innermost first
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the workspace holds a started conversion that a re-run resumes."""
+        return (self._resume / PLAN_FILE).exists()
