@@ -54,6 +54,18 @@ def window_keys(x: np.ndarray, y: np.ndarray | None = None) -> list[bytes]:
     return [row.tobytes() for row in np.ascontiguousarray(flat)]
 
 
+def assert_windows_equal(x: np.ndarray, y: np.ndarray | None, expected_x: np.ndarray,
+                         expected_y: np.ndarray | None, *, in_order: bool) -> None:
+    """A reader's epoch holds exactly the oracle's windows: in index order, or
+    (shuffled) as the same multiset."""
+    if in_order:
+        np.testing.assert_array_equal(x, expected_x)
+        if expected_y is not None:
+            np.testing.assert_array_equal(y, expected_y)
+    else:
+        assert sorted(window_keys(x, y)) == sorted(window_keys(expected_x, expected_y))
+
+
 def collect_epoch(ds: object) -> tuple[np.ndarray, np.ndarray | None]:
     """Concatenate every batch of one pass over a tf.data.Dataset."""
     xs, ys = [], []

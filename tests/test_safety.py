@@ -77,6 +77,15 @@ def _interrupt_after(monkeypatch: pytest.MonkeyPatch, fmt: str, shards: int) -> 
     monkeypatch.setattr(type(storage), "write_shard", write_shard)
 
 
+def _interrupted_convert(monkeypatch: pytest.MonkeyPatch, sources: list[Path], out: Path,
+                         fmt: str, *, shards_done: int) -> None:
+    """A conversion stopped by Ctrl-C once ``shards_done`` shards are written."""
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, fmt, shards_done)
+        with pytest.raises(KeyboardInterrupt):
+            _convert(sources, out, fmt)
+
+
 def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
 
@@ -85,10 +94,7 @@ def test_resume_after_an_interruption_is_byte_identical(
         tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "out" / "store"
-    with monkeypatch.context() as patch:
-        _interrupt_after(patch, fmt, 2)
-        with pytest.raises(KeyboardInterrupt):
-            _convert(sources, out, fmt)
+    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=2)
     assert not out.exists()
     assert _leftovers(out.parent) == [".store.windowkit-partial"]
     calls = []
@@ -109,10 +115,7 @@ def test_a_damaged_finished_shard_is_written_again(
         tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
         monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "store"
-    with monkeypatch.context() as patch:
-        _interrupt_after(patch, fmt, 3)
-        with pytest.raises(KeyboardInterrupt):
-            _convert(sources, out, fmt)
+    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=3)
     partial = tmp_path / ".store.windowkit-partial"
     shard_file = sorted(f for f in (partial / "data").rglob("*") if f.is_file()
                         and f.name not in ("zarr.json",))[0]
@@ -126,10 +129,7 @@ def test_changed_options_start_over(tmp_path: Path, sources: list[Path], fmt: st
                                     monkeypatch: pytest.MonkeyPatch,
                                     caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "store"
-    with monkeypatch.context() as patch:
-        _interrupt_after(patch, fmt, 2)
-        with pytest.raises(KeyboardInterrupt):
-            _convert(sources, out, fmt)
+    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=2)
     with caplog.at_level(logging.INFO, logger="windowkit"):
         store = _convert(sources, out, fmt, block_rows=256)
     assert "the sources or options changed since the interrupted conversion; starting over" \
@@ -278,10 +278,7 @@ def test_too_little_space_on_resume_keeps_the_finished_shards(
         tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
         monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "store"
-    with monkeypatch.context() as patch:
-        _interrupt_after(patch, fmt, 2)
-        with pytest.raises(KeyboardInterrupt):
-            _convert(sources, out, fmt)
+    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=2)
     usage = namedtuple("usage", "total used free")
     with monkeypatch.context() as patch:
         patch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 0))

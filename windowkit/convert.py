@@ -42,7 +42,7 @@ from windowkit.shards import (
     plan_shards,
     write_shards,
 )
-from windowkit.sources import NpySeries, Series, SourceLike, _check_consistent, open_sources
+from windowkit.sources import NpySeries, Series, SourceLike, check_consistent, open_sources
 from windowkit.spec import WindowSpec
 from windowkit.splits import SplitPlan, parse_fractions, split_names_for
 from windowkit.tables import StagedSeries, TableOptions, is_table, parse_time, stage_table
@@ -177,6 +177,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     a row with another split are dropped (:mod:`windowkit.splits`).
     Normalization statistics come from the training rows only.
     """
+    from windowkit.store import open_store
 
     spec = _as_spec(window)
     storage = get_format(format)
@@ -192,83 +193,55 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     _check_count("workers", workers)
     table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap)
     split = SplitOptions(parse_fractions(splits), split_by, split_at, seed)
-    if not is_table(source):
+    from_table = is_table(source)
+    series: list[Series] = []
+    if not from_table:
         if table != TableOptions():
             raise InvalidSpecError("series_col, time_col, columns and max_gap apply to table "
                                    "sources (CSV, Parquet, DataFrame) only")
-        return _convert(open_sources(source), out, storage_name=format, spec=spec,
-                        compression=compression, seed=seed, block_rows=block_rows,
-                        shard_size=shard_size, shards=shards, workers=workers,
-                        overwrite=overwrite, progress=progress, split=split)
+        series = open_sources(source)  # checked before anything is written
     out = Path(out)
     _check_target(out, overwrite)
     workspace = Workspace(out)
     workspace.lock()  # before staging: a second conversion must not touch our files
     staging = out.parent / f".{out.name}.windowkit-staging"
     try:
+        if from_table:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            series = check_consistent(stage_table(source, table, staging))
+        _write_and_publish(workspace, series, storage_name=format, spec=spec,
+                           compression=compression, seed=seed, block_rows=block_rows,
+                           shard_size=shard_size, shards=shards, workers=workers,
+                           progress=progress, split=split, overwrite=overwrite,
+                           time_info=table if from_table else None)
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        staged = _check_consistent(list(stage_table(source, table, staging)))
-        return _convert(staged, out, storage_name=format, spec=spec, compression=compression,
-                        seed=seed, block_rows=block_rows, shard_size=shard_size,
-                        shards=shards, workers=workers, overwrite=overwrite,
-                        progress=progress, time_info=table, workspace=workspace, split=split)
-    except DiskSpaceError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not workspace.resumable:
-            workspace.discard()
-        raise
-    except WindowkitError:
-        shutil.rmtree(staging, ignore_errors=True)
-        workspace.discard()
+        if isinstance(exc, DiskSpaceError) and workspace.resumable:
+            pass  # keep the finished shards for a re-run with more space
+        elif isinstance(exc, WindowkitError):
+            workspace.discard()  # a user mistake: leave nothing behind
+        elif workspace.root.exists():
+            log.info("%s: conversion interrupted; run the same command again to resume it",
+                     out)
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         workspace.release()
+    return open_store(out)
 
 
-def _convert(series: list[Series], out: str | os.PathLike[str], *, storage_name: str,
-             spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
-             shard_size: int, shards: int | None, workers: int, overwrite: bool,
-             progress: bool, split: SplitOptions, time_info: TableOptions | None = None,
-             workspace: Workspace | None = None) -> Store:
-    from windowkit.store import open_store
-
-    format = storage_name
+def _write_and_publish(workspace: Workspace, series: list[Series], *, spec: WindowSpec,
+                       split: SplitOptions, overwrite: bool, **options: Any) -> None:
     longest = max(s.rows for s in series)
     if longest < spec.span:
         raise InvalidSpecError(
             f"a window spans {spec.span} rows (length {spec.length}, horizon {spec.horizon}, "
             f"sampling rate {spec.sampling_rate}), longer than every series (longest: "
             f"{longest} rows)")
-    plan = split.plan(series)
-    out = Path(out)
-    if workspace is None:
-        _check_target(out, overwrite)
-        workspace = Workspace(out)
-        workspace.lock()
-    try:
-        manifest = _write_store(workspace, series, storage_name=format, spec=spec,
-                                compression=compression, seed=seed, block_rows=block_rows,
-                                shard_size=shard_size, shards=shards, workers=workers,
-                                progress=progress, time_info=time_info, plan=plan)
-        manifest.write(workspace.root)
-        workspace.publish(overwrite)
-    except DiskSpaceError:
-        if not workspace.resumable:  # keep finished shards for a re-run with more space
-            workspace.discard()
-        raise
-    except WindowkitError:
-        workspace.discard()  # a user mistake: leave nothing behind
-        raise
-    except BaseException:
-        if workspace.root.exists():
-            log.info("%s: conversion interrupted; run the same command again to resume it",
-                     out)
-        raise
-    finally:
-        workspace.release()
-    return open_store(out)
+    manifest = _write_store(workspace, series, spec=spec, plan=split.plan(series), **options)
+    manifest.write(workspace.root)
+    workspace.publish(overwrite)
 
 
 def _plan_key(series: list[Series], storage_name: str, layout: DataLayout,

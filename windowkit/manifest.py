@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,20 @@ from windowkit.spec import WindowSpec
 MANIFEST_NAME = "windowkit.json"
 FORMAT_VERSION = 1
 CHECKSUM = "sha256"
+
+
+_READ_BYTES = 1 << 20
+
+
+def file_digest(path: Path, on_bytes: Callable[[int], object] | None = None) -> str:
+    """The file's checksum (hex), read in 1 MiB pieces; ``on_bytes`` sees each size."""
+    digest = hashlib.new(CHECKSUM)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_READ_BYTES):
+            digest.update(chunk)
+            if on_bytes is not None:
+                on_bytes(len(chunk))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -28,9 +43,7 @@ class FileEntry:
     @classmethod
     def of(cls, root: Path, relative: str) -> FileEntry:
         full = root / relative
-        with open(full, "rb") as fh:
-            digest = hashlib.file_digest(fh, CHECKSUM).hexdigest()
-        return cls(relative, full.stat().st_size, digest)
+        return cls(relative, full.stat().st_size, file_digest(full))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from windowkit.formats.base import Piece, ShardTask
 from windowkit.manifest import FileEntry
 from windowkit.sources import Series, check_finite
 from windowkit.stats import RunningStats
-from windowkit.workspace import fsync_file
+from windowkit.workspace import fsync
 
 DEFAULT_SHARD_BYTES = 64 << 20
 
@@ -126,7 +126,7 @@ def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
     root = data_dir.parent
     files = []
     for name in storage.shard_files(data_dir, layout, shard):
-        fsync_file(data_dir / name)
+        fsync(data_dir / name)
         files.append(FileEntry.of(root, str((data_dir / name).relative_to(root))))
     return ShardResult(summary, stats, shard.rows, files)
 

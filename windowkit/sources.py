@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob as globlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -209,10 +209,12 @@ def open_sources(source: SourceLike) -> list[Series]:
             f"unsupported source of type {type(source).__name__}; expected a .npy path, "
             "a glob or list of paths, an array, or a list/dict of arrays"
         )
-    return _check_consistent(series)
+    return check_consistent(series)
 
 
-def _check_consistent(series: list[Series]) -> list[Series]:
+def check_consistent(series: Iterable[Series]) -> list[Series]:
+    """The series, checked: unique keys, not empty, one dtype and step shape."""
+    series = list(series)
     if not series:
         raise SourceError("the source holds no series")
     first = series[0]

@@ -299,25 +299,22 @@ class _Stager:
         self.series.append(series)
         self.staged += self.current_rows
 
-    def _time_chunks(self, series: StagedSeries) -> Iterator[tuple[int, np.ndarray]]:
-        """The series' consecutive time differences, chunk by chunk: ``(row of the
-        chunk's first difference's later row, diffs)``; memory stays bounded."""
-        self.times.flush()
-        times = np.memmap(self.times_path, dtype="<i8", mode="r",
-                          offset=series.first_row * 8, shape=(series.rows,))
-        for lo in range(0, series.rows - 1, _TIME_CHUNK):
-            chunk = np.asarray(times[lo:min(series.rows, lo + _TIME_CHUNK + 1)])
-            yield lo + 1, np.diff(chunk)
+    @staticmethod
+    def _time_chunks(times: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """Consecutive time differences, chunk by chunk, as ``(row of each chunk's
+        first later time, diffs)``; memory stays bounded."""
+        for lo in range(0, len(times) - 1, _TIME_CHUNK):
+            yield lo + 1, np.diff(np.asarray(times[lo:lo + _TIME_CHUNK + 1]))
 
     def _timing(self, series: StagedSeries) -> None:
         """First/last time, the regular step (the most common difference) and the
         gap-free stretches of rows, in two bounded passes over the staged times."""
         self.times.flush()
-        times = np.memmap(self.times_path, dtype="<i8", mode="r",
-                          offset=series.first_row * 8, shape=(series.rows,))
+        times = series.times()
+        assert times is not None
         series.first_time, series.last_time = int(times[0]), int(times[-1])
         counts: Counter[int] = Counter()
-        for _, diffs in self._time_chunks(series):
+        for _, diffs in self._time_chunks(times):
             steps, n = np.unique(diffs, return_counts=True)
             counts.update(dict(zip(steps.tolist(), n.tolist(), strict=True)))
         if not counts:
@@ -325,7 +322,7 @@ class _Stager:
             return
         series.time_step = max(counts.items(), key=lambda item: (item[1], -item[0]))[0]
         gap = parse_gap(self.options.max_gap, self.unit) or series.time_step
-        breaks = [first + int(i) for first, diffs in self._time_chunks(series)
+        breaks = [first + int(i) for first, diffs in self._time_chunks(times)
                   for i in np.flatnonzero(diffs > gap)]
         bounds = [0, *breaks, series.rows]
         series.segments = list(itertools.pairwise(bounds))

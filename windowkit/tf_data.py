@@ -112,11 +112,15 @@ def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None
     return cut
 
 
-def finish_batches(ds: tf.data.Dataset, *, windows: int, batch_size: int,
-                   drop_remainder: bool) -> tf.data.Dataset:
-    """Cut runs of windows into batches of ``batch_size``; declare the count; prefetch."""
+def batches_from_groups(groups: tf.data.Dataset, store: Store, *, windows: int,
+                        batch_size: int, drop_remainder: bool, normalize: bool
+                        ) -> tf.data.Dataset:
+    """From ``(rows, starts)`` groups to the reader's batches: cut (and normalize)
+    windows, ``rebatch`` across groups, declare the count, prefetch."""
     import tensorflow as tf
 
+    norm = store.normalizer() if normalize else None
+    ds = groups.flat_map(batch_cutter(store.spec, batch_size, norm))
     ds = ds.rebatch(batch_size, drop_remainder=drop_remainder)
     ds = ds.apply(tf.data.experimental.assert_cardinality(
         num_batches(windows, batch_size, drop_remainder)))
@@ -164,7 +168,7 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
     block_first = np.arange(num_blocks, dtype=np.int64) * block_rows
     windows = BlockWindows(runs, block_first,
                            np.minimum(block_rows, total_rows - block_first))
-    useful = np.flatnonzero(windows.windows > 0)  # blocks no window of the split starts in
+    useful = np.flatnonzero(windows.windows > 0)  # only blocks where split windows start
     row_bytes = store.dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
     group = default_group(shuffle_blocks, cache_bytes=cache_bytes,
                           block_bytes=(block_rows + spec.span - 1) * row_bytes,
@@ -197,10 +201,8 @@ def make_tf_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool,
     ds = ds.map(load, num_parallel_calls=1, deterministic=True)
     if stage == "blocks":  # the read + decode stage alone (for `windowkit bench`)
         return ds
-    norm = store.normalizer() if normalize else None
-    ds = ds.flat_map(batch_cutter(spec, batch_size, norm))
-    return finish_batches(ds, windows=runs.total, batch_size=batch_size,
-                          drop_remainder=drop_remainder)
+    return batches_from_groups(ds, store, windows=runs.total, batch_size=batch_size,
+                               drop_remainder=drop_remainder, normalize=normalize)
 
 
 def prefetch_to_device(ds: tf.data.Dataset, device: str) -> tf.data.Dataset:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from windowkit.formats.tfrecord_rows import TFRecordRowReader
-from windowkit.tf_data import BlockWindows, batch_cutter, default_group, finish_batches
+from windowkit.tf_data import BlockWindows, batches_from_groups, default_group
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -48,7 +48,7 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
                         cache_bytes: int, stage: str = "batches") -> tf.data.Dataset:
     import tensorflow as tf
 
-    manifest, spec, step_shape = store.manifest, store.spec, store.step_shape
+    manifest, step_shape = store.manifest, store.step_shape
     reader = store.row_reader()
     assert isinstance(reader, TFRecordRowReader)
     records = reader.records
@@ -96,7 +96,5 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
     ds = ds.map(decode_group)  # one group at a time: memory; the cuts run in parallel
     if stage == "blocks":  # the read + decode stage alone (for `windowkit bench`)
         return ds
-    norm = store.normalizer() if normalize else None
-    ds = ds.flat_map(batch_cutter(spec, batch_size, norm))
-    return finish_batches(ds, windows=runs.total, batch_size=batch_size,
-                          drop_remainder=drop_remainder)
+    return batches_from_groups(ds, store, windows=runs.total, batch_size=batch_size,
+                               drop_remainder=drop_remainder, normalize=normalize)

@@ -7,7 +7,6 @@ every index table's windows must lie inside their series.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -15,18 +14,7 @@ import pyarrow.parquet as pq
 
 from windowkit._progress import progress_bar
 from windowkit.errors import WindowkitError
-from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest
-
-_READ_BYTES = 1 << 20
-
-
-def _digest(path: Path, on_bytes: object) -> str:
-    digest = hashlib.new(CHECKSUM)
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_READ_BYTES):
-            digest.update(chunk)
-            on_bytes(len(chunk))  # type: ignore[operator]
-    return digest.hexdigest()
+from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
 
 
 def _stored_rows(root: Path, manifest: Manifest) -> int:
@@ -71,7 +59,7 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> lis
                 problems.append(f"{file}: holds {size} bytes, manifest says {entry.bytes}")
                 bar.update(entry.bytes)
                 continue
-            if _digest(file, bar.update) != entry.sha256:
+            if file_digest(file, bar.update) != entry.sha256:
                 problems.append(f"{file}: checksum differs from the manifest ({CHECKSUM})")
     if problems:  # the structure checks below read the files just found damaged
         return problems

@@ -40,19 +40,12 @@ def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync(path.parent)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def fsync(path: Path) -> None:
+    """Flush a file's or a directory's (its entries') writes to disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
     try:
         os.fsync(fd)
     finally:
@@ -173,8 +166,8 @@ class Workspace:
         shutil.rmtree(self._resume, ignore_errors=True)
         for directory, _, names in os.walk(self.root):
             for name in names:
-                fsync_file(Path(directory) / name)
-            fsync_dir(Path(directory))
+                fsync(Path(directory) / name)
+            fsync(Path(directory))
         old = None
         if self.out.is_dir() and not any(self.out.iterdir()):
             self.out.rmdir()
@@ -186,7 +179,7 @@ class Workspace:
             shutil.rmtree(old, ignore_errors=True)
             os.replace(self.out, old)
         os.replace(self.root, self.out)
-        fsync_dir(self.out.parent)
+        fsync(self.out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
