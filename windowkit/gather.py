@@ -24,10 +24,10 @@ DEFAULT_CACHE_BYTES = 24 << 20
 class BlockPool:
     """A fixed number of slots of decoded blocks, evicted least recently used.
 
-    Slots in use by a gather are pinned and never evicted; a caller that needs
-    a block while every slot is pinned waits until one is released. Blocks are
-    decoded on one loader thread, whatever thread asks: decoders' per-thread
-    allocator caches then exist once, not once per tf.data thread.
+    Slots in use by a gather are pinned and never evicted; a caller waits,
+    holding no pins, until all the blocks it needs can be pinned together.
+    Blocks are decoded on one loader thread, whatever thread asks: decoders'
+    per-thread allocator caches then exist once, not once per tf.data thread.
     """
 
     def __init__(self, reader: RowReader, *, total_rows: int, halo: int,
@@ -50,21 +50,42 @@ class BlockPool:
         raise TypeError("a BlockPool holds decoded data and does not pickle; pickle the Store")
 
     def acquire(self, blocks: np.ndarray) -> np.ndarray:
-        """Pin ``blocks`` (unique ids), loading missing ones; return their slots."""
+        """Pin ``blocks`` (unique ids), loading missing ones; return their slots.
+
+        All or nothing: a caller waits, holding no pins, until every block it
+        asks for can be pinned at once. Pinning block by block would let
+        threads that each hold part of what they need wait for one another.
+        """
         if len(blocks) > self.capacity:
             raise ValueError(f"{len(blocks)} blocks requested, pool holds {self.capacity}")
-        slots = np.empty(len(blocks), dtype=np.int64)
+        wanted = blocks.tolist()
+        slots = np.empty(len(wanted), dtype=np.int64)
         with self._cond:
-            for i, block in enumerate(blocks.tolist()):
+            while not self._can_pin(wanted):
+                self._cond.wait()
+            missing, pinned = [], []
+            for i, block in enumerate(wanted):  # resident blocks first: never evicted below
                 slot = self._slot_of.get(block)
                 if slot is None:
-                    slot = self._take_slot()
-                    self._load(block, slot)
-                    self._slot_of[block] = slot
-                else:
-                    self._slot_of.move_to_end(block)
+                    missing.append(i)
+                    continue
+                self._slot_of.move_to_end(block)
                 self._pins[slot] += 1
                 slots[i] = slot
+                pinned.append(i)
+            for i in missing:
+                slot = self._take_slot()
+                try:
+                    self._load(wanted[i], slot)
+                except BaseException:  # a damaged block: give back what this call took
+                    self._free.append(slot)
+                    np.subtract.at(self._pins, slots[pinned], 1)
+                    self._cond.notify_all()
+                    raise
+                self._slot_of[wanted[i]] = slot
+                self._pins[slot] += 1
+                slots[i] = slot
+                pinned.append(i)
         return slots
 
     def release(self, slots: np.ndarray) -> None:
@@ -72,15 +93,25 @@ class BlockPool:
             np.subtract.at(self._pins, slots, 1)
             self._cond.notify_all()
 
+    def _can_pin(self, wanted: list[int]) -> bool:
+        """Whether slots for every block of ``wanted`` not resident are free now."""
+        missing = sum(1 for block in wanted if block not in self._slot_of)
+        if missing <= len(self._free):
+            return True
+        wanted_set = set(wanted)
+        evictable = sum(1 for block, slot in self._slot_of.items()
+                        if self._pins[slot] == 0 and block not in wanted_set)
+        return missing <= len(self._free) + evictable
+
     def _take_slot(self) -> int:
-        while True:
-            if self._free:
-                return self._free.pop()
-            for block, slot in self._slot_of.items():
-                if self._pins[slot] == 0:
-                    del self._slot_of[block]
-                    return slot
-            self._cond.wait()
+        """A free slot, else the least recently used unpinned one (``_can_pin`` holds)."""
+        if self._free:
+            return self._free.pop()
+        for block, slot in self._slot_of.items():
+            if self._pins[slot] == 0:
+                del self._slot_of[block]
+                return slot
+        raise AssertionError("no unpinned slot although _can_pin said so")
 
     def _load(self, block: int, slot: int) -> None:
         start = block * self.block_rows
