@@ -109,7 +109,7 @@ CASES = [  # (make source, extra options, message)
      "t.csv: series 'b', row 12, column 'v' is missing (empty or NaN)"),
     (_table("t.csv", _long([*_GOOD_ROWS[:12], ("b", 0, "nan"), *_GOOD_ROWS[13:]])), _LONG,
      "t.csv: series 'b', row 12, column 'v' is missing (empty or NaN)"),
-    (_nan_parquet, _LONG, "t.parquet: series 'b': row 3, column 0 is inf"),
+    (_nan_parquet, _LONG, "t.parquet: series 'b': row 3, column 'v' is inf"),
     (_table("t.csv", _long([*_GOOD_ROWS[:5], ("a", 4, "1"), *_GOOD_ROWS[5:]])), _LONG,
      "t.csv: series 'a', row 5: time repeats the previous row's"),
     (_table("t.csv", _long([*_GOOD_ROWS[:5], ("a", 2, "1"), *_GOOD_ROWS[5:]])), _LONG,

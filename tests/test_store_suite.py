@@ -189,7 +189,8 @@ def test_index_table_and_manifest(fmt: str, tmp_path: Path) -> None:
     info = store.info
     assert info["format"] == fmt and info["format_version"] == 1
     assert info["splits"]["train"]["windows"] == len(expected)
-    assert info["series"] == {"count": 3, "too_short": 1, "gap_skipped_windows": 0}
+    assert info["series"] == {"count": 3, "too_short": 1, "gap_skipped_windows": 0,
+                              "nan_skipped_windows": 0, "missing_rows": 0}
     assert info["window"] == spec.to_dict()
     assert info["dtype"] == "float64" and info["step_shape"] == [2]
     on_disk = {str(p.relative_to(store.path)) for p in store.path.rglob("*") if p.is_file()}

@@ -122,6 +122,9 @@ def main() -> None:
               "(seeded by --seed).")
 @click.option("--split-at", default=None,
               help="Split at points in time instead, e.g. 2020-01-01,2022-01-01 or 2015,2018.")
+@click.option("--nan", type=click.Choice(["error", "skip"]), default="error", show_default=True,
+              help="NaN, infinite or empty values: refuse them, or keep the rows and leave "
+                   "out every window touching them.")
 @click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default=None,
               help="Data compression [default: zstd for zarr and parquet, none for tfrecord].")
 @click.option("--seed", type=int, default=0, show_default=True,
@@ -143,7 +146,7 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             block_rows: int | None, shard_size: int, shards: int | None, workers: int,
             overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
-            split_at: str | None) -> None:
+            split_at: str | None, nan: str) -> None:
     """Convert SOURCES into a store: .npy files or globs (one series each), or one
     CSV or Parquet table (long form with --series-col, or one wide series).
 
@@ -160,7 +163,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
                         shards=shards, workers=workers, overwrite=overwrite,
                         progress=not quiet, series_col=series_col, time_col=time_col,
                         columns=[c.strip() for c in columns.split(",")] if columns else None,
-                        max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at)
+                        max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,
+                        nan=nan)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "

@@ -32,7 +32,7 @@ from windowkit.errors import (
 )
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import ShardTask
-from windowkit.index import IndexWriter
+from windowkit.index import IndexWriter, stretches_without
 from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
 from windowkit.shards import (
     DEFAULT_SHARD_BYTES,
@@ -138,6 +138,12 @@ def _time_columns(series: list[Series]) -> dict[str, Any]:
                                ("step", "time_step"))}
 
 
+def _series_runs(runs: np.ndarray, row_offset: int, rows: int) -> np.ndarray:
+    """The runs of global rows (sorted) that lie in one series, series-local."""
+    lo, hi = np.searchsorted(runs[:, 0], [row_offset, row_offset + rows])
+    return runs[lo:hi] - row_offset
+
+
 def _check_count(name: str, value: int | None, *, minimum: int = 1) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < minimum):
@@ -152,7 +158,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             time_col: str | None = None, columns: Sequence[str] | None = None,
             max_gap: str | int | None = None,
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
-            split_at: str | Sequence[str | int] | None = None) -> Store:
+            split_at: str | Sequence[str | int] | None = None, nan: str = "error") -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
@@ -176,6 +182,10 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     ``seed``), or ``split_at`` cuts at points in time; windows that would share
     a row with another split are dropped (:mod:`windowkit.splits`).
     Normalization statistics come from the training rows only.
+
+    ``nan="error"`` refuses NaN, infinity and empty table values, naming series,
+    row and column; ``nan="skip"`` keeps those rows and leaves every window
+    that touches one out of the index (and the rows out of the statistics).
     """
     from windowkit.store import open_store
 
@@ -191,6 +201,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     _check_count("shard size", shard_size)
     _check_count("shards", shards)
     _check_count("workers", workers)
+    if nan not in ("error", "skip"):
+        raise InvalidSpecError(f"nan must be 'error' or 'skip', got {nan!r}")
     table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap)
     split = SplitOptions(parse_fractions(splits), split_by, split_at, seed)
     from_table = is_table(source)
@@ -209,12 +221,13 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         if from_table:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
-            series = check_consistent(stage_table(source, table, staging))
+            series = check_consistent(stage_table(source, table, staging,
+                                                  allow_missing=nan == "skip"))
         _write_and_publish(workspace, series, storage_name=format, spec=spec,
                            compression=compression, seed=seed, block_rows=block_rows,
                            shard_size=shard_size, shards=shards, workers=workers,
                            progress=progress, split=split, overwrite=overwrite,
-                           time_info=table if from_table else None)
+                           time_info=table if from_table else None, nan=nan)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, DiskSpaceError) and workspace.resumable:
@@ -245,12 +258,13 @@ def _write_and_publish(workspace: Workspace, series: list[Series], *, spec: Wind
 
 
 def _plan_key(series: list[Series], storage_name: str, layout: DataLayout,
-              tasks: list[ShardTask], seed: int, splits: SplitPlan) -> str:
+              tasks: list[ShardTask], seed: int, splits: SplitPlan, nan: str) -> str:
     """A digest of everything the store's bytes depend on."""
     plan = {"sources": _fingerprint(series), "format": storage_name,
             "window": layout.window.to_dict(), "compression": layout.compression,
             "block_rows": layout.block_rows, "seed": seed, "windowkit": __version__,
-            "shards": [[t.first_row, t.rows] for t in tasks], "splits": splits.key()}
+            "shards": [[t.first_row, t.rows] for t in tasks], "splits": splits.key(),
+            "nan": nan}
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
 
 
@@ -258,7 +272,7 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
                  spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
                  shard_size: int, shards: int | None, workers: int,
                  progress: bool, plan: SplitPlan,
-                 time_info: TableOptions | None = None) -> Manifest:
+                 time_info: TableOptions | None = None, nan: str = "error") -> Manifest:
     root = workspace.root
     first = series[0]
     dtype, step_shape = first.dtype, first.step_shape
@@ -274,7 +288,7 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         window=spec, compression=compression)
     data_dir = root / "data"
     tasks = plan_shards(layout, placement, shard_bytes=shard_size, shards=shards)
-    plan_key = _plan_key(series, storage_name, layout, tasks, seed, plan)
+    plan_key = _plan_key(series, storage_name, layout, tasks, seed, plan, nan)
     markers = workspace.open(plan_key)
     finished = {n: ShardResult.from_marker(m) for n, m in (markers or {}).items()}
     reused = sum(f.bytes for result in finished.values() for f in result.files)
@@ -291,7 +305,8 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         results = write_shards(series, storage_name, data_dir, layout, tasks, workers=workers,
                                on_rows=lambda n: bar.update(n * row_bytes), finished=finished,
                                on_finished=lambda n, r: workspace.shard_finished(
-                                   n, r.to_marker()), train_ranges=plan.train_ranges())
+                                   n, r.to_marker()), train_ranges=plan.train_ranges(),
+                               skip_missing=nan == "skip")
     data_info = storage.finish(data_dir, layout, [r.summary for r in results])
     stats = merged_stats(results)
     known = {f.path: f for result in results for f in result.files}
@@ -299,7 +314,8 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
     shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its shards
     (root / "index").mkdir()
     windows_per_series = np.zeros(len(series), dtype=np.int64)
-    gap_skipped = 0
+    missing = np.concatenate([r.missing for r in results])  # global rows, ascending
+    gap_skipped = nan_skipped = 0
     split_info: dict[str, dict[str, Any]] = {}
     for k, name in enumerate(plan.names):
         writer = IndexWriter(root / "index" / f"{name}.parquet", spec)
@@ -308,14 +324,15 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
             lo, hi = (int(v) for v in plan.ranges[sid, k])
             if hi <= lo:
                 continue
-            stretches = getattr(s, "segments", None) or [(0, s.rows)]
-            got = 0
-            for a, b in stretches:
-                a, b = max(a, lo), min(b, hi)
-                if b > a:
-                    got += writer.add_series(sid, b - a, first_row=a)
+            gap_free = [(max(a, lo), min(b, hi)) for a, b in
+                        getattr(s, "segments", None) or [(0, s.rows)] if min(b, hi) > max(a, lo)]
+            valid = stretches_without(gap_free, _series_runs(missing, int(row_offset[sid]),
+                                                             s.rows))
+            got = sum(writer.add_series(sid, b - a, first_row=a) for a, b in valid)
             windows_per_series[sid] += got
-            gap_skipped += spec.num_windows(hi - lo) - got
+            without_gaps = sum(spec.num_windows(b - a) for a, b in gap_free)
+            gap_skipped += spec.num_windows(hi - lo) - without_gaps
+            nan_skipped += without_gaps - got
             series_times = s.times() if isinstance(s, StagedSeries) else None
             if series_times is not None:
                 times += [int(series_times[lo]), int(series_times[hi - 1])]
@@ -349,8 +366,9 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         total_rows=total_rows,
         block_rows=layout.block_rows,
         splits=split_info,
-        series={"count": len(series), "too_short": int((windows_per_series == 0).sum()),
-                "gap_skipped_windows": gap_skipped,
+        series={"count": len(series), "too_short": int((rows < spec.span).sum()),
+                "gap_skipped_windows": gap_skipped, "nan_skipped_windows": nan_skipped,
+                "missing_rows": int((missing[:, 1] - missing[:, 0]).sum()),
                 **({"time_column": time_info.time_col, "time_unit": getattr(first, "time_unit", ""),
                     "time_zone": getattr(first, "time_zone", None)}
                    if time_info is not None and time_info.time_col else {})},
@@ -358,6 +376,7 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         normalization=stats.to_dict(),
         options={"compression": compression, "seed": seed, "block_rows": block_rows,
                  "shard_size": shard_size, "shards": shards, "windowkit": __version__,
+                 "nan": nan,
                  "split": plan.names, "normalization_rows": "train" if "train" in plan.names
                  else plan.names[0]},
         source_fingerprint=_fingerprint(series),

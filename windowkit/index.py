@@ -44,6 +44,27 @@ def window_row_offsets(spec: WindowSpec) -> tuple[np.ndarray, np.ndarray]:
     return steps[: spec.length], steps[spec.length:]
 
 
+def stretches_without(stretches: list[tuple[int, int]], holes: np.ndarray
+                      ) -> list[tuple[int, int]]:
+    """The parts of row ranges ``stretches`` outside ``holes`` (``[k, 2]`` row
+    ranges sorted by start): where windows may lie when the holes' rows are
+    missing values."""
+    if len(holes) == 0:
+        return stretches
+    out = []
+    for a, b in stretches:
+        first = int(np.searchsorted(holes[:, 1], a, side="right"))
+        last = int(np.searchsorted(holes[:, 0], b, side="left"))
+        position = a
+        for start, stop in holes[first:last].tolist():
+            if start > position:
+                out.append((position, start))
+            position = max(position, stop)
+        if b > position:
+            out.append((position, b))
+    return out
+
+
 class IndexWriter:
     """Streams one split's window index table to Parquet in bounded memory."""
 

@@ -42,6 +42,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "series": m.series["count"],
         "too_short_series": m.series["too_short"],
         "gap_skipped_windows": m.series.get("gap_skipped_windows", 0),
+        "nan_skipped_windows": m.series.get("nan_skipped_windows", 0),
+        "missing_rows": m.series.get("missing_rows", 0),
         "time_column": m.series.get("time_column"),
         "rows": m.total_rows,
         "splits": {name: m.splits[name]["windows"] for name in order},
@@ -88,6 +90,9 @@ def render(summary: dict[str, Any]) -> str:
           for name, count in summary["splits"].items()],
         *([("windows skipped", f"{summary['gap_skipped_windows']:,} (they span a time gap)")]
           if summary["gap_skipped_windows"] else []),
+        *([("windows skipped", f"{summary['nan_skipped_windows']:,} (they touch one of "
+                               f"{summary['missing_rows']:,} rows with NaN or inf)")]
+          if summary["missing_rows"] else []),
         ("blocks", f"{summary['block_rows']:,} rows ({_human(summary['block_bytes'])}) per "
                    f"{_BLOCK_NAMES.get(summary['format'], 'block')}"),
         *([("data files", f"{summary['data_files']:,}")] if summary["data_files"] else []),

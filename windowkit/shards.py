@@ -14,7 +14,7 @@ import itertools
 import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,26 @@ def plan_shards(layout: DataLayout, series: SeriesLayout, *, shard_bytes: int,
     ]
 
 
+def missing_rows(rows: np.ndarray) -> np.ndarray:
+    """Which rows hold a NaN or an infinity anywhere (bool ``[rows]``)."""
+    if rows.dtype.kind != "f":
+        return np.zeros(len(rows), dtype=bool)
+    return ~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
+
+
+def true_runs(mask: np.ndarray) -> np.ndarray:
+    """The runs of ``True`` in ``mask`` as ``[k, 2]`` int64 ``(start, stop)``."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))
+    return edges.reshape(-1, 2).astype(np.int64)
+
+
 def iter_pieces(sources: list[Series], series: SeriesLayout, layout: DataLayout,
                 shard: ShardTask, stats: RunningStats,
-                on_rows: Callable[[int], None] | None = None) -> Iterator[Piece]:
-    """The shard's rows, read from the sources piece by piece, checked finite."""
+                on_rows: Callable[[int], None] | None = None,
+                missing: list[np.ndarray] | None = None) -> Iterator[Piece]:
+    """The shard's rows, read from the sources piece by piece. Rows holding NaN
+    or infinity are an error, or with a ``missing`` list they are kept, left
+    out of the statistics and appended to it as runs of global rows."""
     position, stop, number = shard.first_row, shard.first_row + shard.rows, shard.first_piece
     while position < stop:
         sid = int(np.searchsorted(series.row_offset, position, side="right")) - 1
@@ -80,13 +96,19 @@ def iter_pieces(sources: list[Series], series: SeriesLayout, layout: DataLayout,
         end = min(stop, block_end, series_end)
         local = position - int(series.row_offset[sid])
         rows = sources[sid].read(local, local + end - position)
-        check_finite(rows, sources[sid], local)
-        if series.train is None:
-            stats.update(rows)
-        else:  # statistics of training rows only
+        if missing is None:
+            check_finite(rows, sources[sid], local)
+            bad = None
+        else:
+            bad = missing_rows(rows)
+            if bad.any():
+                missing.append(true_runs(bad) + position)
+        lo, hi = 0, len(rows)
+        if series.train is not None:  # statistics of training rows only
             lo, hi = (int(v) - local for v in series.train[sid])
-            if min(hi, len(rows)) > max(lo, 0):
-                stats.update(rows[max(lo, 0):min(hi, len(rows))])
+            lo, hi = max(lo, 0), min(hi, len(rows))
+        if hi > lo:
+            stats.update(rows[lo:hi] if bad is None else rows[lo:hi][~bad[lo:hi]])
         if on_rows is not None:
             on_rows(len(rows))
         yield Piece(number=number, series_id=sid, series_rows=int(series.rows[sid]),
@@ -100,35 +122,41 @@ class ShardResult:
     stats: RunningStats
     rows: int
     files: list[FileEntry]  # the shard's data files, on disk (fsynced), with checksums
+    # runs (start, stop) of global rows holding NaN or infinity, kept with nan="skip"
+    missing: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
 
     def to_marker(self) -> dict[str, Any]:
         """A JSON-able record of the finished shard (exact: statistics included)."""
         return {"summary": self.summary, "stats": self.stats.state(), "rows": self.rows,
-                "files": [asdict(f) for f in self.files]}
+                "files": [asdict(f) for f in self.files], "missing": self.missing.tolist()}
 
     @classmethod
     def from_marker(cls, marker: dict[str, Any]) -> ShardResult:
+        missing = np.asarray(marker.get("missing") or [], dtype=np.int64).reshape(-1, 2)
         return cls(marker["summary"], RunningStats.from_state(marker["stats"]),
-                   int(marker["rows"]), [FileEntry(**f) for f in marker["files"]])
+                   int(marker["rows"]), [FileEntry(**f) for f in marker["files"]], missing)
 
 
 def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
                 data_dir: Path, layout: DataLayout, shard: ShardTask,
-                on_rows: Callable[[int], None] | None = None) -> ShardResult:
+                on_rows: Callable[[int], None] | None = None,
+                skip_missing: bool = False) -> ShardResult:
     stats = RunningStats()
+    missing: list[np.ndarray] | None = [] if skip_missing else None
 
     def read_series(sid: int, start: int, stop: int) -> np.ndarray:
         return sources[sid].read(start, stop)
 
     storage = get_format(format_name)
-    pieces = iter_pieces(sources, series, layout, shard, stats, on_rows)
+    pieces = iter_pieces(sources, series, layout, shard, stats, on_rows, missing)
     summary = storage.write_shard(data_dir, layout, shard, pieces, read_series)
     root = data_dir.parent
     files = []
     for name in storage.shard_files(data_dir, layout, shard):
         fsync(data_dir / name)
         files.append(FileEntry.of(root, str((data_dir / name).relative_to(root))))
-    return ShardResult(summary, stats, shard.rows, files)
+    runs = np.concatenate(missing) if missing else np.empty((0, 2), dtype=np.int64)
+    return ShardResult(summary, stats, shard.rows, files, runs)
 
 
 _worker_sources: list[Series] = []
@@ -140,18 +168,22 @@ def _init_worker(sources: list[Series]) -> None:
 
 
 def _write_shard_in_worker(series: SeriesLayout, format_name: str, data_dir: Path,
-                           layout: DataLayout, shard: ShardTask) -> ShardResult:
-    return write_shard(_worker_sources, series, format_name, data_dir, layout, shard)
+                           layout: DataLayout, shard: ShardTask,
+                           skip_missing: bool) -> ShardResult:
+    return write_shard(_worker_sources, series, format_name, data_dir, layout, shard,
+                       skip_missing=skip_missing)
 
 
 def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout: DataLayout,
                  shards: list[ShardTask], *, workers: int, on_rows: Callable[[int], None],
                  finished: dict[int, ShardResult] | None = None,
                  on_finished: Callable[[int, ShardResult], None] | None = None,
-                 train_ranges: np.ndarray | None = None) -> list[ShardResult]:
+                 train_ranges: np.ndarray | None = None,
+                 skip_missing: bool = False) -> list[ShardResult]:
     """Write every shard not already ``finished`` (``workers`` processes; 1 = in
     this process), calling ``on_finished`` as each completes; return all the
-    shards' results in shard order."""
+    shards' results in shard order. ``skip_missing`` keeps rows holding NaN or
+    infinity (and reports them) instead of refusing them."""
     placement = SeriesLayout.of(sources)
     series = SeriesLayout(placement.rows, placement.row_offset, train_ranges)
     results: dict[int, ShardResult] = dict(finished or {})
@@ -167,14 +199,15 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
     if workers <= 1 or len(todo) <= 1:
         for shard in todo:
             record(shard.number, write_shard(sources, series, format_name, data_dir, layout,
-                                             shard, on_rows))
+                                             shard, on_rows, skip_missing))
     else:
         # spawn, not fork: the caller may have started TensorFlow's threads
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(min(workers, len(shards)), mp_context=context,
                                  initializer=_init_worker, initargs=(sources,)) as pool:
             futures = {pool.submit(_write_shard_in_worker, series, format_name, data_dir,
-                                   layout, shard): shard.number for shard in todo}
+                                   layout, shard, skip_missing): shard.number
+                       for shard in todo}
             try:
                 for future in as_completed(futures):
                     result = future.result()  # the first failure raises here

@@ -247,9 +247,14 @@ def check_finite(block: np.ndarray, series: Series, first_row: int) -> None:
         return
     bad = np.argwhere(~finite)[0]
     row = first_row + int(bad[0])
-    column = ", ".join(str(int(i)) for i in bad[1:]) or "0"
+    features = getattr(series, "features", ())
+    if features and len(bad) == 2:
+        column = repr(features[int(bad[1])])
+    else:
+        column = ", ".join(str(int(i)) for i in bad[1:]) or "0"
     value = block[tuple(bad)]
     raise SourceError(
         f"{series.where}: row {row}, column {column} is {value}; missing or infinite "
-        "values are not allowed"
+        "values are not allowed (--nan skip keeps the rows and leaves out the windows "
+        "touching them)"
     )

@@ -155,8 +155,10 @@ def _times_int64(column: pa.Array, unit: str) -> np.ndarray:
 class _Stager:
     """Streams record batches of one table into the staging files."""
 
-    def __init__(self, name: str, options: TableOptions, staging: Path, source_id: str) -> None:
+    def __init__(self, name: str, options: TableOptions, staging: Path, source_id: str,
+                 allow_missing: bool = False) -> None:
         self.name, self.options, self.source_id = name, options, source_id
+        self.allow_missing = allow_missing  # empty values become NaN (nan="skip")
         self.values_path = staging / "rows.bin"
         self.values = open(self.values_path, "wb")  # noqa: SIM115 - closed by close()
         self.times_path = staging / "times.bin"
@@ -210,15 +212,19 @@ class _Stager:
         columns = []
         for name in self.features:
             column = batch.column(name)
-            if column.null_count:
+            if column.null_count and not (self.allow_missing and self.dtype.kind == "f"):
                 at = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                hint = ("; --nan skip needs float feature columns" if self.allow_missing else
+                        "; missing values are not allowed (--nan skip keeps the rows and "
+                        "leaves out the windows touching them)")
                 raise SourceError(f"{self.name}: {self._series_at(batch, at)}row {self.row + at}, "
-                                  f"column {name!r} is missing (empty or NaN); missing values "
-                                  "are not allowed")
+                                  f"column {name!r} is missing (empty or NaN){hint}")
             if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
                     or pa.types.is_boolean(column.type)):
                 raise SourceError(f"{self.name}: column {name!r} is not numeric near row "
                                   f"{self.row} ({column.type})")
+            if column.null_count:  # allowed: NaN, and the windows touching it are skipped
+                column = column.cast(pa.float64()).fill_null(np.nan)
             columns.append(column.to_numpy(zero_copy_only=False))
         values = np.column_stack(columns).astype(self.dtype.newbyteorder("<"), copy=False)
         if self.options.series_col is not None:
@@ -359,8 +365,10 @@ def _batches(source: Any, name: str, needed: list[str] | None) -> Iterator[pa.Re
         raise SourceError(f"{path}: cannot read the table ({message})") from None
 
 
-def stage_table(source: Any, options: TableOptions, staging: Path) -> list[StagedSeries]:
-    """Stream a table into ``staging`` and return its series."""
+def stage_table(source: Any, options: TableOptions, staging: Path, *,
+                allow_missing: bool = False) -> list[StagedSeries]:
+    """Stream a table into ``staging`` and return its series. Empty values are an
+    error, or with ``allow_missing`` (``nan="skip"``) NaN in float columns."""
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         name = path
@@ -374,7 +382,7 @@ def stage_table(source: Any, options: TableOptions, staging: Path) -> list[Stage
     needed = None
     if options.columns:
         needed = [c for c in (options.series_col, options.time_col, *options.columns) if c]
-    stager = _Stager(name, options, staging, source_id)
+    stager = _Stager(name, options, staging, source_id, allow_missing)
     first = True
     try:
         for batch in _batches(source, name, needed):
