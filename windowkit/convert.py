@@ -158,7 +158,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             time_col: str | None = None, columns: Sequence[str] | None = None,
             max_gap: str | int | None = None,
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
-            split_at: str | Sequence[str | int] | None = None, nan: str = "error") -> Store:
+            split_at: str | Sequence[str | int] | None = None, nan: str = "error",
+            target_columns: Sequence[str] | None = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
@@ -182,6 +183,9 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     ``seed``), or ``split_at`` cuts at points in time; windows that would share
     a row with another split are dropped (:mod:`windowkit.splits`).
     Normalization statistics come from the training rows only.
+
+    ``target_columns`` (with a horizon) makes targets ``y`` hold only those
+    feature columns, ``[H, len(target_columns)]``; inputs keep every column.
 
     ``nan="error"`` refuses NaN, infinity and empty table values, naming series,
     row and column; ``nan="skip"`` keeps those rows and leaves every window
@@ -227,7 +231,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
                            compression=compression, seed=seed, block_rows=block_rows,
                            shard_size=shard_size, shards=shards, workers=workers,
                            progress=progress, split=split, overwrite=overwrite,
-                           time_info=table if from_table else None, nan=nan)
+                           time_info=table if from_table else None, nan=nan,
+                           target_columns=target_columns)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, DiskSpaceError) and workspace.resumable:
@@ -244,15 +249,53 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     return open_store(out)
 
 
+def _column_names(series: list[Series]) -> list[str] | None:
+    """Feature names: a table's columns, else ``f0 .. f{F-1}`` for vector steps."""
+    first = series[0]
+    features = getattr(first, "features", None)
+    if features:
+        return list(features)
+    return [f"f{i}" for i in range(first.step_shape[0])] if first.step_shape else None
+
+
+def _resolve_targets(names: Sequence[str] | None, series: list[Series],
+                     spec: WindowSpec) -> list[str] | None:
+    """The target columns by name (a feature's name, or its position for arrays)."""
+    if not names:
+        return None
+    columns = _column_names(series)
+    if spec.horizon == 0:
+        raise InvalidSpecError("target columns need a horizon (--horizon H >= 1): "
+                               "without one a window has no target")
+    if columns is None or len(series[0].step_shape) != 1:
+        raise InvalidSpecError(f"target columns need rows that are vectors of features; "
+                               f"these rows have shape {series[0].step_shape}")
+    chosen = []
+    for name in (str(n).strip() for n in names):
+        if name in columns:
+            chosen.append(name)
+        elif name.isdigit() and int(name) < len(columns):
+            chosen.append(columns[int(name)])
+        else:
+            raise InvalidSpecError(f"target column {name!r} is not a feature column "
+                                   f"(features: {', '.join(columns)})")
+    if len(set(chosen)) != len(chosen):
+        raise InvalidSpecError(f"target columns repeat a column: {', '.join(chosen)}")
+    return chosen
+
+
 def _write_and_publish(workspace: Workspace, series: list[Series], *, spec: WindowSpec,
-                       split: SplitOptions, overwrite: bool, **options: Any) -> None:
+                       split: SplitOptions, overwrite: bool,
+                       target_columns: Sequence[str] | None, **options: Any) -> None:
     longest = max(s.rows for s in series)
     if longest < spec.span:
         raise InvalidSpecError(
             f"a window spans {spec.span} rows (length {spec.length}, horizon {spec.horizon}, "
             f"sampling rate {spec.sampling_rate}), longer than every series (longest: "
             f"{longest} rows)")
-    manifest = _write_store(workspace, series, spec=spec, plan=split.plan(series), **options)
+    targets = _resolve_targets(target_columns, series, spec)
+    manifest = _write_store(workspace, series, spec=spec, plan=split.plan(series),
+                            target_columns=targets, **options)
     manifest.write(workspace.root)
     workspace.publish(overwrite)
 
@@ -272,7 +315,8 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
                  spec: WindowSpec, compression: str, seed: int, block_rows: int | None,
                  shard_size: int, shards: int | None, workers: int,
                  progress: bool, plan: SplitPlan,
-                 time_info: TableOptions | None = None, nan: str = "error") -> Manifest:
+                 time_info: TableOptions | None = None, nan: str = "error",
+                 target_columns: list[str] | None = None) -> Manifest:
     root = workspace.root
     first = series[0]
     dtype, step_shape = first.dtype, first.step_shape
@@ -350,9 +394,6 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         **_time_columns(series),
     }), root / "series.parquet", write_page_checksum=True)
 
-    columns = [f"f{i}" for i in range(step_shape[0])] if step_shape else None
-    if time_info is not None and getattr(first, "features", None):
-        columns = list(first.features)  # type: ignore[attr-defined]
     files = sorted(
         str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
         and p.name != MANIFEST_NAME and p.relative_to(root).parts[0] != RESUME_DIR
@@ -361,7 +402,8 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         format=storage_name,
         dtype=dtype.name,
         step_shape=step_shape,
-        columns=columns,
+        columns=_column_names(series),
+        target_columns=target_columns,
         window=spec,
         total_rows=total_rows,
         block_rows=layout.block_rows,

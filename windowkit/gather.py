@@ -126,8 +126,10 @@ class WindowGather:
 
     def __init__(self, reader: RowReader, *, spec: WindowSpec, total_rows: int,
                  step_shape: tuple[int, ...], dtype: np.dtype,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+                 cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 targets: np.ndarray | None = None) -> None:
         self.spec = spec
+        self.targets = targets  # the columns targets keep (None: all)
         self.pool = BlockPool(reader, total_rows=total_rows, halo=spec.span - 1,
                               step_shape=step_shape, dtype=dtype, cache_bytes=cache_bytes)
         data = self.pool.data
@@ -165,7 +167,9 @@ class WindowGather:
         x = np.empty((len(starts), *self._inputs.shape[1:]), dtype=self._inputs.dtype)
         y = None
         if self._targets is not None:
-            y = np.empty((len(starts), *self._targets.shape[1:]), dtype=self._targets.dtype)
+            y_shape = self._targets.shape[1:] if self.targets is None else (
+                self.spec.horizon, len(self.targets))
+            y = np.empty((len(starts), *y_shape), dtype=self._targets.dtype)
         for lo in range(0, len(unique), limit):
             members = np.flatnonzero((inverse >= lo) & (inverse < lo + limit))
             part_x, part_y = self._gather(starts[members], block[members],
@@ -182,6 +186,8 @@ class WindowGather:
             at = slots[inverse] * self.pool.slot_rows + (starts - block * self.pool.block_rows)
             x = self._inputs[at]
             y = self._targets[at] if self._targets is not None else None
+            if y is not None and self.targets is not None:
+                y = y[:, :, self.targets]
         finally:
             self.pool.release(slots)
         return x, y

@@ -38,6 +38,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "dtype": m.dtype,
         "step_shape": list(m.step_shape),
         "columns": m.columns,
+        "target_columns": m.target_columns,
         "window": m.window.to_dict(),
         "series": m.series["count"],
         "too_short_series": m.series["too_short"],
@@ -70,6 +71,12 @@ def _time(value: int | None, unit: str) -> int | str | None:
     return str(np.datetime64(int(value), "ns").astype("datetime64[s]")) + "Z"
 
 
+def _names(names: list[str], shown: int = 8) -> str:
+    if len(names) <= shown:
+        return ", ".join(names)
+    return ", ".join(names[:shown]) + f", ... ({len(names)} in all)"
+
+
 def render(summary: dict[str, Any]) -> str:
     """The summary as aligned text lines."""
     window = summary["window"]
@@ -80,6 +87,9 @@ def render(summary: dict[str, Any]) -> str:
         ("format", summary["format"]),
         ("dtype", summary["dtype"]),
         ("step shape", str(tuple(summary["step_shape"]))),
+        *([("columns", _names(summary["columns"]))] if summary["columns"] else []),
+        *([("target columns", ", ".join(summary["target_columns"]))]
+          if summary["target_columns"] else []),
         ("window", ", ".join(f"{k}={v}" for k, v in window.items())),
         ("series", f"{summary['series']} ({summary['too_short_series']} too short for a window)"),
         ("rows", f"{summary['rows']:,}"),

@@ -51,6 +51,7 @@ class _Local:
     gather: WindowGather
     order: WindowOrder
     normalizer: Normalizer | None
+    target_normalizer: Normalizer | None
 
 
 class WindowPyDataset(keras.utils.PyDataset):
@@ -105,7 +106,8 @@ class WindowPyDataset(keras.utils.PyDataset):
                     block_rows=gather.pool.block_rows, total_rows=self.store.manifest.total_rows,
                     blocks_per_group=gather.blocks_per_group)
                 norm = self.store.normalizer() if self.normalize else None
-                self._local = _Local(gather, order, norm)
+                target_norm = norm.select(self.store.target_index) if norm else None
+                self._local = _Local(gather, order, norm, target_norm)
             return self._local
 
     def _epoch_order(self, local: _Local) -> EpochOrder:
@@ -143,7 +145,7 @@ class WindowPyDataset(keras.utils.PyDataset):
         x, y = local.gather(self._epoch_order(local).batch(i, self.batch_size))
         if local.normalizer is not None:
             x = local.normalizer(x)
-            y = local.normalizer(y) if y is not None else None
+            y = local.target_normalizer(y) if y is not None and local.target_normalizer else y
         return x if y is None else (x, y)
 
     def on_epoch_end(self) -> None:

@@ -64,6 +64,7 @@ class Manifest:
     options: dict[str, Any]
     source_fingerprint: str
     files: list[FileEntry] = field(default_factory=list)
+    target_columns: list[str] | None = None  # y holds only these columns (DESIGN §1)
     format_version: int = FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:

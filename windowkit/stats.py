@@ -6,6 +6,7 @@ A *column* is an entry of the first step axis: a feature of a vector step
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,14 @@ class Normalizer:
         std = np.where(std > 0, std, 1.0)
         self.mean = mean.reshape(shape).astype(self.dtype)
         self.scale = (1.0 / std).reshape(shape).astype(self.dtype)
+
+    def select(self, columns: np.ndarray | None) -> Normalizer:
+        """This normalizer for ``columns`` only (the target columns), or itself."""
+        if columns is None:
+            return self
+        chosen = copy.copy(self)
+        chosen.mean, chosen.scale = self.mean[columns], self.scale[columns]
+        return chosen
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
         out = values.astype(self.dtype)

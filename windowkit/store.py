@@ -71,6 +71,14 @@ class Store:
     def step_shape(self) -> tuple[int, ...]:
         return self.manifest.step_shape
 
+    @cached_property
+    def target_index(self) -> np.ndarray | None:
+        """Positions of the target columns among the columns (None: y has every column)."""
+        names, columns = self.manifest.target_columns, self.manifest.columns
+        if not names or not columns:
+            return None
+        return np.array([columns.index(name) for name in names], dtype=np.int64)
+
     @property
     def splits(self) -> list[str]:
         return list(self.manifest.splits)
@@ -137,7 +145,7 @@ class Store:
         """A new gatherer with its own block cache of ``cache_bytes``."""
         return WindowGather(self.row_reader(), spec=self.spec, total_rows=self.manifest.total_rows,
                             step_shape=self.step_shape, dtype=self.dtype,
-                            cache_bytes=cache_bytes)
+                            cache_bytes=cache_bytes, targets=self.target_index)
 
     def normalizer(self) -> Normalizer:
         stats = self.manifest.normalization
@@ -158,7 +166,7 @@ class Store:
         if normalize:
             norm = self.normalizer()
             x = norm(x)
-            y = norm(y) if y is not None else None
+            y = norm.select(self.target_index)(y) if y is not None else None
         return x if y is None else (x, y)
 
     def tf_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,

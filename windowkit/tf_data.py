@@ -84,10 +84,12 @@ class BlockWindows:
                 + tf.gather(offsets, owner))
 
 
-def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None
+def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
+                 targets: np.ndarray | None = None
                  ) -> Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]:
     """``cut(rows, starts)``: a dataset of batches of the windows starting at
-    ``starts`` in ``rows``, each batch one ``tf.gather``, cut in parallel."""
+    ``starts`` in ``rows``, each batch one ``tf.gather``, cut in parallel;
+    targets keep the ``targets`` columns only (None: all)."""
     import tensorflow as tf
 
     input_offsets = tf.constant(np.arange(spec.length) * spec.sampling_rate, dtype=tf.int64)
@@ -97,10 +99,14 @@ def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None
     def cut_batch(rows: tf.Tensor, starts: tf.Tensor) -> Any:
         x = tf.gather(rows, starts[:, None] + input_offsets)
         y = tf.gather(rows, starts[:, None] + target_offsets) if spec.horizon else None
+        if y is not None and targets is not None:
+            y = tf.gather(y, targets, axis=2)
         if norm is not None:
             mean, scale = tf.constant(norm.mean), tf.constant(norm.scale)
             x = (tf.cast(x, mean.dtype) - mean) * scale
-            y = (tf.cast(y, mean.dtype) - mean) * scale if y is not None else None
+            if y is not None:
+                y_norm = norm.select(targets)
+                y = (tf.cast(y, mean.dtype) - y_norm.mean) * y_norm.scale
         return x if y is None else (x, y)
 
     def cut(rows: tf.Tensor, starts: tf.Tensor) -> tf.data.Dataset:
@@ -120,7 +126,7 @@ def batches_from_groups(groups: tf.data.Dataset, store: Store, *, windows: int,
     import tensorflow as tf
 
     norm = store.normalizer() if normalize else None
-    ds = groups.flat_map(batch_cutter(store.spec, batch_size, norm))
+    ds = groups.flat_map(batch_cutter(store.spec, batch_size, norm, store.target_index))
     ds = ds.rebatch(batch_size, drop_remainder=drop_remainder)
     ds = ds.apply(tf.data.experimental.assert_cardinality(
         num_batches(windows, batch_size, drop_remainder)))
