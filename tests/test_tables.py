@@ -167,3 +167,79 @@ def test_a_locked_target_is_refused_before_staging(tmp_path: Path) -> None:
     finally:
         running.release()
     assert wk.convert(tmp_path / "t.csv", tmp_path / "s", window=4).num_windows() == 47
+
+
+def _interleaved_log() -> pd.DataFrame:
+    """Three sensors' readings in one log, in time order (so series interleave)."""
+    rng = np.random.default_rng(9)
+    t = pd.date_range("2025-06-01", periods=200, freq="min", tz="UTC")
+    parts = [pd.DataFrame({"sensor": name, "time": t[offset::1][:150],
+                           "value": rng.normal(size=150), "load": rng.uniform(size=150)})
+             for offset, name in enumerate(["s2", "s10", "s1"])]
+    frame = pd.concat(parts).sort_values(["time", "sensor"], kind="stable")
+    return frame.reset_index(drop=True)
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet", "dataframe"])
+def test_interleaved_series_are_grouped_in_memory(tmp_path: Path, fmt: str, kind: str) -> None:
+    frame = _interleaved_log()
+    source: object = frame
+    if kind == "csv":
+        source = tmp_path / "log.csv"
+        frame.to_csv(source, index=False)
+    elif kind == "parquet":
+        source = tmp_path / "log.parquet"
+        frame.to_parquet(source, index=False)
+    spec = wk.WindowSpec(10, stride=4, horizon=1)
+    store = wk.convert(source, tmp_path / "s", format=fmt, window=spec, series_col="sensor",
+                       time_col="time", columns=["value", "load"])
+    # series in order of first appearance, each series' rows in table order
+    table = pq.read_table(store.path / "series.parquet").to_pandas()
+    assert table["key"].tolist() == ["s2", "s10", "s1"]
+    groups = [frame[frame.sensor == k][["value", "load"]].to_numpy() for k in ["s2", "s10", "s1"]]
+    want_x, want_y = oracle_windows(groups, spec)
+    x, y = store.windows("train", np.arange(store.num_windows("train")))
+    np.testing.assert_array_equal(x, want_x)
+    np.testing.assert_array_equal(y, want_y)
+
+
+def test_interleaved_table_over_the_budget_is_refused(tmp_path: Path) -> None:
+    _interleaved_log().to_csv(tmp_path / "log.csv", index=False)
+    result = CliRunner().invoke(main, [
+        "convert", str(tmp_path / "log.csv"), "--format", "zarr", "--out", str(tmp_path / "s"),
+        "--window", "8", "--series-col", "sensor", "--time-col", "time",
+        "--sort-memory", "4KiB"])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1
+    assert ("rows of series 's2' are not grouped together (it appears again at row 2); sort the "
+            "table by 'sensor' and 'time' first (the table is larger than the memory budget "
+            "for sorting it here, --sort-memory 4.0 KiB)" in result.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv"]
+
+
+def test_errors_after_grouping_name_the_table_row(tmp_path: Path) -> None:
+    frame = _interleaved_log()
+    frame.loc[299, "value"] = np.nan  # the 101st reading of s2, in the table's numbering
+    assert frame.loc[299, "sensor"] == "s2"
+    with pytest.raises(wk.SourceError, match=r"series 's2', row 299, column 'value' is missing"):
+        wk.convert(frame, tmp_path / "s", window=8, series_col="sensor", time_col="time")
+    frame = _interleaved_log()
+    frame.loc[[4, 7], "time"] = frame.loc[[7, 4], "time"].to_numpy()  # s10 goes back in time
+    with pytest.raises(wk.SourceError, match=r"series 's10', row 7: time goes back"):
+        wk.convert(frame, tmp_path / "s", window=8, series_col="sensor", time_col="time")
+
+
+def test_dataframes_are_identified_by_their_content(tmp_path: Path) -> None:
+    from windowkit.tables import TableOptions, stage_table
+
+    def source_id(frame: pd.DataFrame) -> str:
+        staging = tmp_path / f"stage{len(list(tmp_path.iterdir()))}"
+        staging.mkdir()
+        return stage_table(frame, TableOptions("sensor", "time"), staging)[0].source_id
+
+    frame = _interleaved_log()
+    first = source_id(frame)
+    assert source_id(frame.copy()) == first
+    changed = frame.copy()
+    changed.loc[0, "load"] += 1.0
+    assert source_id(changed) != first

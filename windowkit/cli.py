@@ -115,6 +115,9 @@ def main() -> None:
 @click.option("--target-columns", default=None,
               help="Columns the targets y hold, comma-separated (needs --horizon) "
                    "[default: all].")
+@click.option("--sort-memory", type=ByteSize(), default="1GiB", show_default=True,
+              help="Largest long table whose interleaved series are grouped in memory "
+                   "(grouping needs about twice this).")
 @click.option("--max-gap", default=None,
               help="Largest time step a window may span (a number, or 90s, 5min, 1h, 2d) "
                    "[default: each series' regular step].")
@@ -149,7 +152,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             block_rows: int | None, shard_size: int, shards: int | None, workers: int,
             overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
-            split_at: str | None, nan: str, target_columns: str | None) -> None:
+            split_at: str | None, nan: str, target_columns: str | None,
+            sort_memory: int) -> None:
     """Convert SOURCES into a store: .npy files or globs (one series each), or one
     CSV or Parquet table (long form with --series-col, or one wide series).
 
@@ -168,7 +172,7 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
                         columns=[c.strip() for c in columns.split(",")] if columns else None,
                         max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,
                         nan=nan, target_columns=target_columns.split(",")
-                        if target_columns else None)
+                        if target_columns else None, sort_memory=sort_memory)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "

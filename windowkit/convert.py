@@ -45,7 +45,14 @@ from windowkit.shards import (
 from windowkit.sources import NpySeries, Series, SourceLike, check_consistent, open_sources
 from windowkit.spec import WindowSpec
 from windowkit.splits import SplitPlan, parse_fractions, split_names_for
-from windowkit.tables import StagedSeries, TableOptions, is_table, parse_time, stage_table
+from windowkit.tables import (
+    DEFAULT_SORT_MEMORY,
+    StagedSeries,
+    TableOptions,
+    is_table,
+    parse_time,
+    stage_table,
+)
 from windowkit.workspace import RESUME_DIR, Workspace
 
 if TYPE_CHECKING:
@@ -77,7 +84,7 @@ def _fingerprint(series: list[Series]) -> str:
         entry: dict[str, Any] = {"key": s.key, "rows": s.rows, "dtype": str(s.dtype),
                                  "step_shape": list(s.step_shape)}
         if isinstance(s, StagedSeries):
-            entry.update(source=s.source_id)
+            entry.update(source=s.source_id, features=list(s.features))
         elif isinstance(s, NpySeries):
             stat = os.stat(s.path)
             entry.update(path=os.path.abspath(s.path), bytes=stat.st_size,
@@ -159,7 +166,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             max_gap: str | int | None = None,
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
             split_at: str | Sequence[str | int] | None = None, nan: str = "error",
-            target_columns: Sequence[str] | None = None) -> Store:
+            target_columns: Sequence[str] | None = None,
+            sort_memory: int = DEFAULT_SORT_MEMORY) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
@@ -176,7 +184,9 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     (:mod:`windowkit.tables`): ``series_col`` names the series of a long table
     (without it the table is one series), ``time_col`` its times (strictly
     increasing per series; no window spans a gap larger than ``max_gap``,
-    by default each series' regular step), ``columns`` the features.
+    by default each series' regular step), ``columns`` the features. A long
+    table whose series are interleaved is grouped in memory if it takes at
+    most ``sort_memory`` bytes there (grouping needs about twice that).
 
     ``splits`` (``{"train": .8, "val": .2}`` or ``"train=0.8,val=0.2"``) cuts
     each series chronologically (``split_by="series"``: whole series, seeded by
@@ -226,7 +236,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             series = check_consistent(stage_table(source, table, staging,
-                                                  allow_missing=nan == "skip"))
+                                                  allow_missing=nan == "skip",
+                                                  sort_memory=sort_memory))
         _write_and_publish(workspace, series, storage_name=format, spec=spec,
                            compression=compression, seed=seed, block_rows=block_rows,
                            shard_size=shard_size, shards=shards, workers=workers,

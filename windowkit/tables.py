@@ -4,10 +4,11 @@ A table is streamed once, in record batches (pyarrow's streaming CSV reader,
 Parquet row group by row group), and *staged*: the feature values of each
 series are appended to one raw little-endian file and its times to another,
 so the rest of the conversion reads series by row range from memory maps, in
-bounded memory, whatever the table's size. Rows must come grouped by series
-and in time order within a series (the way a database export or a
-``groupby`` usually writes them); otherwise the table is refused with a message
-that says how to fix it.
+bounded memory, whatever the table's size. Rows should come grouped by series
+(the way a database export or a ``groupby`` usually writes them); a table whose
+series are interleaved (a log of several sensors in time order) is grouped in
+memory when it fits a budget (``sort_memory``), and refused otherwise with a
+message that says how to fix it. Within a series, times must increase.
 
 Time: integer, date and timestamp columns are kept as int64 (days for dates,
 nanoseconds since the epoch, in UTC, for timestamps). Times must strictly
@@ -18,17 +19,20 @@ difference between consecutive times; a difference larger than ``max_gap``
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import logging
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from windowkit.errors import InvalidSpecError, SourceError, SourceNotFoundError
 
@@ -36,6 +40,8 @@ TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
 _CSV_BLOCK_BYTES = 8 << 20
 _TIME_CHUNK = 1 << 20  # time differences examined at once
+DEFAULT_SORT_MEMORY = 1 << 30  # largest table grouped by series in memory (sorting: ~2x)
+log = logging.getLogger("windowkit")
 _UNITS_NS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "min": 60 * 10**9,
              "h": 3600 * 10**9, "d": 86400 * 10**9}
 
@@ -152,13 +158,20 @@ def _times_int64(column: pa.Array, unit: str) -> np.ndarray:
     return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
 
 
+class NotInOrderError(SourceError):
+    """The rows of a series are not together in the table."""
+
+
 class _Stager:
     """Streams record batches of one table into the staging files."""
 
     def __init__(self, name: str, options: TableOptions, staging: Path, source_id: str,
-                 allow_missing: bool = False) -> None:
+                 allow_missing: bool = False, origin: np.ndarray | None = None) -> None:
         self.name, self.options, self.source_id = name, options, source_id
         self.allow_missing = allow_missing  # empty values become NaN (nan="skip")
+        self.origin = origin  # table row of each staged row, when the table was sorted
+        # a DataFrame has no file to identify it: a digest of what is staged does
+        self.digest = hashlib.blake2b(digest_size=16) if not source_id else None
         self.values_path = staging / "rows.bin"
         self.values = open(self.values_path, "wb")  # noqa: SIM115 - closed by close()
         self.times_path = staging / "times.bin"
@@ -217,7 +230,8 @@ class _Stager:
                 hint = ("; --nan skip needs float feature columns" if self.allow_missing else
                         "; missing values are not allowed (--nan skip keeps the rows and "
                         "leaves out the windows touching them)")
-                raise SourceError(f"{self.name}: {self._series_at(batch, at)}row {self.row + at}, "
+                raise SourceError(f"{self.name}: {self._series_at(batch, at)}row "
+                                  f"{self._source_row(self.row + at)}, "
                                   f"column {name!r} is missing (empty or NaN){hint}")
             if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
                     or pa.types.is_boolean(column.type)):
@@ -230,8 +244,8 @@ class _Stager:
         if self.options.series_col is not None:
             keys = batch.column(self.options.series_col).cast(pa.string())
             if keys.null_count:
-                row = self.row + int(np.flatnonzero(keys.is_null().to_numpy(
-                    zero_copy_only=False))[0])
+                row = self._source_row(self.row + int(np.flatnonzero(keys.is_null().to_numpy(
+                    zero_copy_only=False))[0]))
                 raise SourceError(f"{self.name}: row {row}, series column "
                                   f"{self.options.series_col!r} is empty")
             key_values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
@@ -243,8 +257,8 @@ class _Stager:
         if self.options.time_col is not None:
             column = batch.column(self.options.time_col)
             if column.null_count:
-                row = self.row + int(np.flatnonzero(column.is_null().to_numpy(
-                    zero_copy_only=False))[0])
+                row = self._source_row(self.row + int(np.flatnonzero(column.is_null().to_numpy(
+                    zero_copy_only=False))[0]))
                 raise SourceError(f"{self.name}: row {row}, time column "
                                   f"{self.options.time_col!r} is empty")
             times = _times_int64(column, self.unit)
@@ -252,27 +266,40 @@ class _Stager:
             key = str(key_values[lo]) if key_values is not None else Path(self.name).stem
             if key != self.current:
                 self._start(key, self.row + int(lo))
+            staged = [values[lo:hi].tobytes()]
             if times is not None:
                 self._check_times(times[lo:hi], self.row + int(lo))
-                self.times.write(times[lo:hi].astype("<i8").tobytes())
-            self.values.write(values[lo:hi].tobytes())
+                staged.append(times[lo:hi].astype("<i8").tobytes())
+                self.times.write(staged[1])
+            self.values.write(staged[0])
+            if self.digest is not None:
+                for part in staged:
+                    self.digest.update(part)
             self.current_rows += int(hi - lo)
         self.row += n
+
+    def _source_row(self, position: int) -> int:
+        """The table row (as the user counts, from 0) of staged ``position``."""
+        return position if self.origin is None else int(self.origin[position])
 
     def _series_at(self, batch: pa.RecordBatch, at: int) -> str:
         if self.options.series_col is None:
             return ""
         return f"series {str(batch.column(self.options.series_col)[at].as_py())!r}, "
 
+    def _sort_hint(self) -> str:
+        keys = [repr(c) for c in (self.options.series_col, self.options.time_col) if c]
+        return f"sort the table by {' and '.join(keys)} first"
+
     def _start(self, key: str, row: int) -> None:
         if key in self.seen:
-            raise SourceError(
+            raise NotInOrderError(
                 f"{self.name}: rows of series {key!r} are not grouped together (it appears "
-                f"again at row {row}); sort the table by {self.options.series_col!r}"
-                + (f" and {self.options.time_col!r}" if self.options.time_col else "")
-                + " first")
+                f"again at row {self._source_row(row)}); {self._sort_hint()}")
         self._finish()
         self.seen.add(key)
+        if self.digest is not None:
+            self.digest.update(f"\0{key}\0".encode())
         self.current, self.current_first, self.current_rows = key, self.staged, 0
         self.last_time = None
 
@@ -282,7 +309,7 @@ class _Stager:
         current = times if self.last_time is not None else times[1:]
         bad = np.flatnonzero(current <= previous)
         if len(bad):
-            at = row + int(bad[0]) + (0 if self.last_time is not None else 1)
+            at = self._source_row(row + int(bad[0]) + (0 if self.last_time is not None else 1))
             what = "repeats" if current[bad[0]] == previous[bad[0]] else "goes back from"
             raise SourceError(
                 f"{self.name}: series {self.current!r}, row {at}: time {what} the previous "
@@ -337,6 +364,9 @@ class _Stager:
         self._finish()
         self.values.close()
         self.times.close()
+        if self.digest is not None:
+            for series in self.series:
+                series.source_id = f"{self.name}:{self.digest.hexdigest()}"
         return self.series
 
 
@@ -365,27 +395,24 @@ def _batches(source: Any, name: str, needed: list[str] | None) -> Iterator[pa.Re
         raise SourceError(f"{path}: cannot read the table ({message})") from None
 
 
-def stage_table(source: Any, options: TableOptions, staging: Path, *,
-                allow_missing: bool = False) -> list[StagedSeries]:
-    """Stream a table into ``staging`` and return its series. Empty values are an
-    error, or with ``allow_missing`` (``nan="skip"``) NaN in float columns."""
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        name = path
-        try:
-            stat = os.stat(path)
-            source_id = f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
-        except OSError:
-            source_id = path
-    else:
-        name, source_id = "DataFrame", f"DataFrame:{id(source)}"
-    needed = None
-    if options.columns:
-        needed = [c for c in (options.series_col, options.time_col, *options.columns) if c]
-    stager = _Stager(name, options, staging, source_id, allow_missing)
+def _identify(source: Any) -> tuple[str, str]:
+    """How messages name the table, and what identifies its content for resuming
+    (a file's path, size and time; a DataFrame's is a digest of its rows, see
+    :meth:`_Stager.close`)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return "DataFrame", ""
+    path = os.fspath(source)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return path, path
+    return path, f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _stage(batches: Iterable[pa.RecordBatch], stager: _Stager, name: str) -> list[StagedSeries]:
     first = True
     try:
-        for batch in _batches(source, name, needed):
+        for batch in batches:
             if first:
                 stager.schema(batch.schema)
                 first = False
@@ -398,3 +425,60 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
     if first:
         raise SourceError(f"{name}: the table has no rows")
     return series
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _read_to_sort(source: Any, name: str, needed: list[str] | None, budget: int,
+                  refusal: NotInOrderError) -> pa.Table:
+    """The whole table in memory, if it fits ``budget`` bytes; else ``refusal``."""
+    too_large = NotInOrderError(
+        f"{refusal} (the table is larger than the memory budget for sorting it here, "
+        f"--sort-memory {_size(budget)})")
+    if budget <= 0:
+        raise refusal
+    kept, size = [], 0
+    for batch in _batches(source, name, needed):
+        if needed:
+            batch = batch.select(needed)
+        size += batch.nbytes
+        if size > budget:
+            raise too_large from None
+        kept.append(batch)
+    return pa.Table.from_batches(kept)
+
+
+def stage_table(source: Any, options: TableOptions, staging: Path, *,
+                allow_missing: bool = False,
+                sort_memory: int = DEFAULT_SORT_MEMORY) -> list[StagedSeries]:
+    """Stream a table into ``staging`` and return its series. Empty values are an
+    error, or with ``allow_missing`` (``nan="skip"``) NaN in float columns.
+
+    A table whose series' rows are not together is read into memory, if it fits
+    ``sort_memory`` bytes, and its rows grouped by series (series in order of
+    first appearance, each series' rows in table order); else it is refused.
+    """
+    name, source_id = _identify(source)
+    needed = None
+    if options.columns:
+        needed = [c for c in (options.series_col, options.time_col, *options.columns) if c]
+    try:
+        return _stage(_batches(source, name, needed),
+                      _Stager(name, options, staging, source_id, allow_missing), name)
+    except NotInOrderError as refusal:
+        table = _read_to_sort(source, name, needed, sort_memory, refusal)
+    log.info("%s: rows of each series are not together; grouping them in memory (%.0f MiB)",
+             name, table.nbytes / 2**20)
+    assert options.series_col is not None  # only grouping is ever out of order
+    keys = table.column(options.series_col).combine_chunks()
+    order = pc.sort_indices(pc.dictionary_encode(keys).indices)  # stable: rows keep order
+    grouped = table.take(order)
+    del table
+    return _stage(grouped.to_batches(_BATCH_ROWS),
+                  _Stager(name, options, staging, source_id, allow_missing,
+                          origin=order.to_numpy()), name)
