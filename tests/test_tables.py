@@ -22,7 +22,7 @@ def _segments(times: np.ndarray, max_gap: int | None = None) -> list[tuple[int, 
     if len(diffs) == 0:
         return [(0, len(times))]
     values, counts = np.unique(diffs, return_counts=True)
-    gap = max_gap or values[np.argmax(counts)]
+    gap = max_gap or values[np.argmax(counts)] * 3 // 2  # a missed sample
     cuts = [0, *(np.flatnonzero(diffs > gap) + 1).tolist(), len(times)]
     return list(itertools.pairwise(cuts))
 

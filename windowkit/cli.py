@@ -110,6 +110,9 @@ def main() -> None:
               help="Table sources: the column naming each row's series (long form).")
 @click.option("--time-col", default=None,
               help="Table sources: the time column (integers, dates or timestamps).")
+@click.option("--time-format", default=None,
+              help="Table sources: the format of a text time column, in strptime codes "
+                   "(e.g. %Y/%m/%d, '%d.%m.%Y %H:%M'); ISO times need none.")
 @click.option("--columns", default=None,
               help="Table sources: feature columns, comma-separated [default: all others].")
 @click.option("--target-columns", default=None,
@@ -120,7 +123,7 @@ def main() -> None:
                    "(grouping needs about twice this).")
 @click.option("--max-gap", default=None,
               help="Largest time step a window may span (a number, or 90s, 5min, 1h, 2d) "
-                   "[default: each series' regular step].")
+                   "[default: 1.5 steps of each series: one missed sample is a gap].")
 @click.option("--split", "splits", default=None,
               help="Splits by fraction, e.g. train=0.8,val=0.1,test=0.1 [default: all train].")
 @click.option("--split-by", type=click.Choice(["time", "series"]), default="time",
@@ -153,7 +156,7 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
             split_at: str | None, nan: str, target_columns: str | None,
-            sort_memory: int) -> None:
+            sort_memory: int, time_format: str | None) -> None:
     """Convert SOURCES into a store: .npy files or globs (one series each), or one
     CSV or Parquet table (long form with --series-col, or one wide series).
 
@@ -172,7 +175,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
                         columns=[c.strip() for c in columns.split(",")] if columns else None,
                         max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,
                         nan=nan, target_columns=target_columns.split(",")
-                        if target_columns else None, sort_memory=sort_memory)
+                        if target_columns else None, sort_memory=sort_memory,
+                        time_format=time_format)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "

@@ -167,7 +167,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
             split_at: str | Sequence[str | int] | None = None, nan: str = "error",
             target_columns: Sequence[str] | None = None,
-            sort_memory: int = DEFAULT_SORT_MEMORY) -> Store:
+            sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
@@ -184,7 +184,9 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     (:mod:`windowkit.tables`): ``series_col`` names the series of a long table
     (without it the table is one series), ``time_col`` its times (strictly
     increasing per series; no window spans a gap larger than ``max_gap``,
-    by default each series' regular step), ``columns`` the features. A long
+    by default each series' regular step; a text time column is parsed with
+    ``time_format``, strptime codes such as ``"%Y/%m/%d"``), ``columns`` the
+    features. A long
     table whose series are interleaved is grouped in memory if it takes at
     most ``sort_memory`` bytes there (grouping needs about twice that).
 
@@ -217,14 +219,15 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     _check_count("workers", workers)
     if nan not in ("error", "skip"):
         raise InvalidSpecError(f"nan must be 'error' or 'skip', got {nan!r}")
-    table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap)
+    table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap,
+                         time_format)
     split = SplitOptions(parse_fractions(splits), split_by, split_at, seed)
     from_table = is_table(source)
     series: list[Series] = []
     if not from_table:
         if table != TableOptions():
-            raise InvalidSpecError("series_col, time_col, columns and max_gap apply to table "
-                                   "sources (CSV, Parquet, DataFrame) only")
+            raise InvalidSpecError("series_col, time_col, time_format, columns and max_gap "
+                                   "apply to table sources (CSV, Parquet, DataFrame) only")
         series = open_sources(source)  # checked before anything is written
     out = Path(out)
     _check_target(out, overwrite)

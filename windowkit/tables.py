@@ -14,7 +14,8 @@ Time: integer, date and timestamp columns are kept as int64 (days for dates,
 nanoseconds since the epoch, in UTC, for timestamps). Times must strictly
 increase within a series. Each series' regular step is the most common
 difference between consecutive times; a difference larger than ``max_gap``
-(by default the step) is a gap, and no window spans it.
+is a gap, and no window spans it. By default ``max_gap`` is 1.5 steps: one
+missed sample is a gap, a month of 30 days among months of 31 is not.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class TableOptions:
     time_col: str | None = None
     columns: tuple[str, ...] | None = None
     max_gap: str | int | None = None
+    time_format: str | None = None  # strptime codes for a text time column
 
 
 def is_table(source: Any) -> bool:
@@ -138,7 +140,14 @@ class StagedSeries:
         return np.array(rows)
 
 
-def _time_unit(kind: pa.DataType) -> tuple[str, str | None]:
+_CLOCK_DIRECTIVES = ("%H", "%I", "%M", "%S", "%f", "%p", "%z", "%T", "%R", "%c")
+
+
+def _time_unit(kind: pa.DataType, time_format: str | None) -> tuple[str, str | None]:
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        if time_format is None:
+            return "text", None  # refused at the first value, naming it
+        return ("ns" if any(d in time_format for d in _CLOCK_DIRECTIVES) else "days"), None
     if pa.types.is_timestamp(kind):
         return "ns", kind.tz
     if pa.types.is_date(kind):
@@ -179,6 +188,7 @@ class _Stager:
         self.features: list[str] = []
         self.dtype: np.dtype | None = None
         self.unit: str = ""
+        self.text_times = False  # a text time column, parsed with options.time_format
         self.tz: str | None = None
         self.series: list[StagedSeries] = []
         self.seen: set[str] = set()
@@ -215,7 +225,12 @@ class _Stager:
         if self.dtype.kind == "b":
             self.dtype = np.dtype(np.uint8)
         if opts.time_col is not None:
-            self.unit, self.tz = _time_unit(schema.field(opts.time_col).type)
+            kind = schema.field(opts.time_col).type
+            self.text_times = pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
+                pa.types.is_integer(kind) and opts.time_format is not None)  # e.g. 20240131
+            if self.text_times:
+                kind = pa.string()
+            self.unit, self.tz = _time_unit(kind, opts.time_format)
 
     def batch(self, batch: pa.RecordBatch) -> None:
         n = batch.num_rows
@@ -261,6 +276,8 @@ class _Stager:
                     zero_copy_only=False))[0]))
                 raise SourceError(f"{self.name}: row {row}, time column "
                                   f"{self.options.time_col!r} is empty")
+            if self.text_times:
+                column = self._parse_text_times(column)
             times = _times_int64(column, self.unit)
         for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [n]]), strict=True):
             key = str(key_values[lo]) if key_values is not None else Path(self.name).stem
@@ -277,6 +294,23 @@ class _Stager:
                     self.digest.update(part)
             self.current_rows += int(hi - lo)
         self.row += n
+
+    def _parse_text_times(self, column: pa.Array) -> pa.Array:
+        """Text times parsed with ``--time-format`` (strptime codes) into timestamps."""
+        where = f"{self.name}: time column {self.options.time_col!r}"
+        time_format = self.options.time_format
+        if time_format is None:
+            raise SourceError(f"{where} holds text ({column[0].as_py()!r} first), not times; "
+                              "pass its format with --time-format, e.g. %Y/%m/%d or "
+                              "'%d.%m.%Y %H:%M'")
+        column = column.cast(pa.string())
+        parsed = pc.strptime(column, format=time_format, unit="ns", error_is_null=True)
+        if parsed.null_count:
+            at = int(np.flatnonzero(parsed.is_null().to_numpy(zero_copy_only=False))[0])
+            raise SourceError(f"{self.name}: row {self._source_row(self.row + at)}, time "
+                              f"{column[at].as_py()!r} does not match --time-format "
+                              f"{time_format!r}")
+        return parsed
 
     def _source_row(self, position: int) -> int:
         """The table row (as the user counts, from 0) of staged ``position``."""
@@ -354,7 +388,9 @@ class _Stager:
             series.segments = [(0, series.rows)]
             return
         series.time_step = max(counts.items(), key=lambda item: (item[1], -item[0]))[0]
-        gap = parse_gap(self.options.max_gap, self.unit) or series.time_step
+        # calendar steps vary (months of 28-31 days, years of 365-366): a difference
+        # is a gap when a sample is missing, i.e. over 1.5 steps
+        gap = parse_gap(self.options.max_gap, self.unit) or series.time_step * 3 // 2
         breaks = [first + int(i) for first, diffs in self._time_chunks(times)
                   for i in np.flatnonzero(diffs > gap)]
         bounds = [0, *breaks, series.rows]

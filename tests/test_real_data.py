@@ -1,0 +1,177 @@
+"""Real public data that nobody here wrote (``fixtures/real``, see its SOURCES.md),
+converted through the CLI in every format: the expected window counts, windows
+equal to the file's rows, no leakage between splits, and missing values refused
+unless ``--nan skip``.
+
+Each oracle is built independently with pandas from the same file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import windowkit as wk
+from tests.conftest import assert_windows_equal, oracle_windows
+from windowkit.cli import main
+
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+
+
+def _convert(tmp_path: Path, fmt: str, source: str, *options: str) -> wk.Store:
+    out = tmp_path / "store"
+    result = CliRunner().invoke(main, ["convert", str(REAL / source), "--format", fmt,
+                                       "--out", str(out), "-q", *options])
+    assert result.exit_code == 0, result.output
+    return wk.open_store(out)
+
+
+def _windows(store: wk.Store, split: str = "train") -> tuple[np.ndarray, np.ndarray | None]:
+    got = store.windows(split, np.arange(store.num_windows(split)))
+    return got if isinstance(got, tuple) else (got, None)
+
+
+def _runs(ok: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of True in ``ok`` as (start, stop)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], ok.astype(np.int8), [0]])))
+    return [(int(a), int(b)) for a, b in edges.reshape(-1, 2)]
+
+
+def test_grunfeld_investment_panel(tmp_path: Path, fmt: str) -> None:
+    """11 firms x 20 years, long form, integer years."""
+    frame = pd.read_csv(REAL / "grunfeld.csv")
+    features = ["invest", "value", "capital"]
+    store = _convert(tmp_path, fmt, "grunfeld.csv", "--series-col", "firm", "--time-col",
+                     "year", "--columns", ",".join(features), "--window", "5", "--horizon", "1")
+    assert store.manifest.series["count"] == 11
+    assert store.num_windows("train") == 11 * (20 - 6 + 1)
+    series = [g[features].to_numpy() for _, g in frame.groupby("firm", sort=False)]
+    x, y = _windows(store)
+    want_x, want_y = oracle_windows(series, wk.WindowSpec(5, horizon=1))
+    assert_windows_equal(x, y, want_x, want_y, in_order=True)
+
+
+def test_grunfeld_chronological_splits_do_not_leak(tmp_path: Path, fmt: str) -> None:
+    store = _convert(tmp_path, fmt, "grunfeld.csv", "--series-col", "firm", "--time-col",
+                     "year", "--columns", "invest,value,capital", "--window", "4",
+                     "--split", "train=0.6,val=0.2,test=0.2")
+    index = {s: store.index(s) for s in store.splits}
+    for firm in range(11):
+        rows = {s: {int(r) for _, start, length in idx[idx[:, 0] == firm]
+                    for r in range(start, start + length)} for s, idx in index.items()}
+        assert not rows["train"] & rows["val"] and not rows["val"] & rows["test"]
+        assert not rows["train"] & rows["test"]
+        assert max(rows["train"]) < min(rows["val"]) <= max(rows["val"]) < min(rows["test"])
+    assert all(store.num_windows(s) > 0 for s in store.splits)
+
+
+def test_mauna_loa_co2_with_missing_weeks(tmp_path: Path, fmt: str) -> None:
+    """Weekly CO2, 1958-2001, integer dates (19580329), 59 empty weeks."""
+    frame = pd.read_csv(REAL / "co2.csv")
+    args = ["--time-col", "date", "--time-format", "%Y%m%d", "--columns", "co2",
+            "--window", "52", "--horizon", "4"]
+    refused = CliRunner().invoke(main, ["convert", str(REAL / "co2.csv"), "--format", fmt,
+                                        "--out", str(tmp_path / "no"), *args])
+    first_missing = int(np.flatnonzero(frame["co2"].isna())[0])
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1
+    assert f"row {first_missing}, column 'co2' is missing (empty or NaN)" in refused.output
+    assert "--nan skip" in refused.output and not (tmp_path / "no").exists()
+
+    store = _convert(tmp_path, fmt, "co2.csv", *args, "--nan", "skip")
+    values = frame[["co2"]].to_numpy()
+    pieces = [values[a:b] for a, b in _runs(frame["co2"].notna().to_numpy())]
+    want_x, want_y = oracle_windows(pieces, wk.WindowSpec(52, horizon=4))
+    assert store.num_windows("train") == len(want_x) > 0
+    x, y = _windows(store)
+    assert_windows_equal(x, y, want_x, want_y, in_order=True)
+    assert store.manifest.series["missing_rows"] == 59
+    assert store.manifest.series["gap_skipped_windows"] == 0  # every week is there
+    stats = store.manifest.normalization
+    assert stats is not None
+    np.testing.assert_allclose(stats["mean"], [np.nanmean(values)], rtol=1e-12)
+
+
+def test_stock_prices_of_different_lengths(tmp_path: Path, fmt: str) -> None:
+    """Five monthly series (GOOG is shorter), text dates such as 'Jan 1 2000'."""
+    frame = pd.read_csv(REAL / "stocks.csv")
+    store = _convert(tmp_path, fmt, "stocks.csv", "--series-col", "symbol", "--time-col",
+                     "date", "--time-format", "%b %d %Y", "--window", "12", "--horizon", "3")
+    sizes = frame.groupby("symbol", sort=False).size()
+    assert store.num_windows("train") == sum(n - 15 + 1 for n in sizes) == 4 * 109 + 54
+    assert store.manifest.series["gap_skipped_windows"] == 0  # months of 28-31 days
+    series = [g[["price"]].to_numpy() for _, g in frame.groupby("symbol", sort=False)]
+    x, y = _windows(store)
+    want_x, want_y = oracle_windows(series, wk.WindowSpec(12, horizon=3))
+    assert_windows_equal(x, y, want_x, want_y, in_order=True)
+    shown = CliRunner().invoke(main, ["inspect", str(store.path)])
+    assert "(times 2000-01-01..2010-03-01)" in shown.output
+
+
+def test_seattle_weather_forecasting_one_column(tmp_path: Path, fmt: str) -> None:
+    """Daily weather with a text column; forecast tomorrow's maximum temperature."""
+    frame = pd.read_csv(REAL / "seattle-weather.csv")
+    refused = CliRunner().invoke(main, [
+        "convert", str(REAL / "seattle-weather.csv"), "--format", fmt, "--out",
+        str(tmp_path / "no"), "--time-col", "date", "--time-format", "%Y/%m/%d",
+        "--window", "7", "--horizon", "1"])
+    assert refused.exit_code == 2 and "column 'weather' is not numeric" in refused.output
+    features = ["precipitation", "temp_max", "temp_min", "wind"]
+    store = _convert(tmp_path, fmt, "seattle-weather.csv", "--time-col", "date",
+                     "--time-format", "%Y/%m/%d", "--columns", ",".join(features),
+                     "--window", "7", "--horizon", "1", "--target-columns", "temp_max")
+    assert store.num_windows("train") == len(frame) - 8 + 1
+    x, y = _windows(store)
+    want_x, want_y = oracle_windows([frame[features].to_numpy()], wk.WindowSpec(7, horizon=1))
+    assert want_y is not None and y is not None and y.shape[1:] == (1, 1)
+    assert_windows_equal(x, y, want_x, want_y[:, :, [1]], in_order=True)
+    assert store.manifest.series["time_unit"] == "days"
+
+
+def test_san_francisco_hourly_temperatures_with_a_missing_hour(tmp_path: Path, fmt: str
+                                                                ) -> None:
+    frame = pd.read_csv(REAL / "sf-temps.csv")
+    hours = pd.to_datetime(frame["date"], format="%Y/%m/%d %H:%M:%S")
+    cut = int(np.flatnonzero(hours.diff() > pd.Timedelta(hours=1))[0])
+    store = _convert(tmp_path, fmt, "sf-temps.csv", "--time-col", "date", "--time-format",
+                     "%Y/%m/%d %H:%M:%S", "--window", "24", "--stride", "2")
+    values = frame[["temp"]].to_numpy()
+    want_x, _ = oracle_windows([values[:cut], values[cut:]], wk.WindowSpec(24, stride=2))
+    assert store.num_windows("train") == len(want_x)
+    x, _ = _windows(store)
+    np.testing.assert_array_equal(x, want_x)
+    assert store.manifest.series["gap_skipped_windows"] > 0
+    # with --max-gap 2h the missing hour is no gap
+    spanning = _convert(tmp_path / "again", fmt, "sf-temps.csv", "--time-col", "date",
+                        "--time-format", "%Y/%m/%d %H:%M:%S", "--window", "24",
+                        "--stride", "2", "--max-gap", "2h")
+    assert spanning.num_windows("train") == len(oracle_windows([values],
+                                                               wk.WindowSpec(24, stride=2))[0])
+
+
+def test_iowa_electricity_yearly_with_leap_years(tmp_path: Path, fmt: str) -> None:
+    """Three sources x 17 years, ISO dates: years of 365 and 366 days are no gap."""
+    frame = pd.read_csv(REAL / "iowa-electricity.csv")
+    store = _convert(tmp_path, fmt, "iowa-electricity.csv", "--series-col", "source",
+                     "--time-col", "year", "--window", "5")
+    assert store.num_windows("train") == 3 * (17 - 5 + 1)
+    series = [g[["net_generation"]].to_numpy() for _, g in frame.groupby("source", sort=False)]
+    x, _ = _windows(store)
+    np.testing.assert_array_equal(x, oracle_windows(series, wk.WindowSpec(5))[0])
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("%Y-%m-%d", "row 0, time 'Jan 1 2000' does not match --time-format '%Y-%m-%d'"),
+    (None, "time column 'date' holds text ('Jan 1 2000' first), not times; pass its format "
+           "with --time-format"),
+])
+def test_text_times_need_their_format(tmp_path: Path, value: str | None, message: str) -> None:
+    args = ["convert", str(REAL / "stocks.csv"), "--format", "zarr", "--out",
+            str(tmp_path / "s"), "--series-col", "symbol", "--time-col", "date", "--window", "4"]
+    result = CliRunner().invoke(main, args + (["--time-format", value] if value else []))
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert message in result.output
+    assert not (tmp_path / "s").exists()
