@@ -274,8 +274,41 @@ def _csv_source(gib: float) -> Path:
     return path
 
 
-def csv(gib: float) -> None:
-    """Convert a long CSV larger than the budget: peak RSS must stay under 1 GB."""
+def _interleaved_csv_source(gib: float) -> Path:
+    """A long CSV like :func:`_csv_source` whose 50 series interleave (a log in
+    time order): windowkit groups it in memory."""
+    path = OUT / f"csv-interleaved-{gib:g}gib.csv"
+    if path.exists():
+        return path
+    OUT.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    target, written, series, chunk, row = int(gib * 2**30), 0, 50, 200_000, 0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as fh:
+        fh.write("series,time," + ",".join(f"x{i}" for i in range(8)) + "\n")
+        while written < target:
+            values = rng.normal(size=(chunk, 8)).round(5)
+            lines = "\n".join(
+                f"s{(row + i) % series:02d},{(row + i) // series}," + ",".join(map(str, v))
+                for i, v in enumerate(values.tolist())) + "\n"
+            fh.write(lines)
+            written += len(lines)
+            row += chunk
+    tmp.rename(path)
+    return path
+
+
+def csv(gib: float, interleaved_gib: float) -> None:
+    """Convert a long CSV larger than the budget: peak RSS must stay under 1 GB.
+    Then a smaller one whose series interleave, grouped in memory."""
+    for f in _formats()[:1] if interleaved_gib > 0 else []:
+        source = _interleaved_csv_source(interleaved_gib)
+        store = OUT / "csv-interleaved"
+        r = _run_child("convert_csv", str(source), str(store), f)
+        print(f"interleaved: {source.stat().st_size / 2**20:.0f} MiB CSV of 50 interleaved "
+              f"series -> {f}: {r['rows']:,} rows grouped in memory, {r['seconds']:.0f} s, "
+              f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+        shutil.rmtree(store, ignore_errors=True)
     source = _csv_source(gib)
     print(f"source: {source} ({source.stat().st_size / 2**30:.2f} GiB long CSV: series, "
           f"time, 8 float columns); machine: {os.cpu_count()} cores")
@@ -299,6 +332,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="store sizes (GiB of raw rows)")
     p = sub.add_parser("csv")
     p.add_argument("--gib", type=float, default=2.0)
+    p.add_argument("--interleaved-gib", type=float, default=0.25,
+                   help="size of the interleaved CSV grouped in memory (0: skip)")
     p = sub.add_parser("child")
     p.add_argument("name", choices=sorted(CHILDREN))
     p.add_argument("args", nargs="*")
@@ -308,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "memory":
         memory(args.gib)
     elif args.command == "csv":
-        csv(args.gib)
+        csv(args.gib, args.interleaved_gib)
     else:
         print(json.dumps(CHILDREN[args.name](*args.args)))
 
