@@ -119,8 +119,8 @@ def main() -> None:
               help="Columns the targets y hold, comma-separated (needs --horizon) "
                    "[default: all].")
 @click.option("--sort-memory", type=ByteSize(), default="1GiB", show_default=True,
-              help="Largest long table whose interleaved series are grouped in memory "
-                   "(grouping needs about twice this).")
+              help="Largest long table (its size in memory) whose interleaved series "
+                   "are grouped in memory; a larger one is refused.")
 @click.option("--max-gap", default=None,
               help="Largest time step a window may span (a number, or 90s, 5min, 1h, 2d) "
                    "[default: 1.5 steps of each series: one missed sample is a gap].")

@@ -188,7 +188,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     ``time_format``, strptime codes such as ``"%Y/%m/%d"``), ``columns`` the
     features. A long
     table whose series are interleaved is grouped in memory if it takes at
-    most ``sort_memory`` bytes there (grouping needs about twice that).
+    most ``sort_memory`` bytes there.
 
     ``splits`` (``{"train": .8, "val": .2}`` or ``"train=0.8,val=0.2"``) cuts
     each series chronologically (``split_by="series"``: whole series, seeded by

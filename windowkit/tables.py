@@ -41,7 +41,7 @@ TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
 _CSV_BLOCK_BYTES = 8 << 20
 _TIME_CHUNK = 1 << 20  # time differences examined at once
-DEFAULT_SORT_MEMORY = 1 << 30  # largest table grouped by series in memory (sorting: ~2x)
+DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
 _UNITS_NS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "min": 60 * 10**9,
              "h": 3600 * 10**9, "d": 86400 * 10**9}
@@ -513,8 +513,9 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
     assert options.series_col is not None  # only grouping is ever out of order
     keys = table.column(options.series_col).combine_chunks()
     order = pc.sort_indices(pc.dictionary_encode(keys).indices)  # stable: rows keep order
-    grouped = table.take(order)
-    del table
-    return _stage(grouped.to_batches(_BATCH_ROWS),
-                  _Stager(name, options, staging, source_id, allow_missing,
-                          origin=order.to_numpy()), name)
+    del keys
+    # the grouped rows are taken batch by batch: one copy of the table, not two
+    grouped = (batch for lo in range(0, len(order), _BATCH_ROWS)
+               for batch in table.take(order[lo:lo + _BATCH_ROWS]).to_batches())
+    return _stage(grouped, _Stager(name, options, staging, source_id, allow_missing,
+                                   origin=order.to_numpy()), name)
