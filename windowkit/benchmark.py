@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -243,59 +243,66 @@ def memory(sizes: list[float]) -> None:
           ">= 100 MB/s; reader RSS within 100 MB across store sizes")
 
 
-def _csv_source(gib: float) -> Path:
-    """A long CSV (series, time, 8 float features) of about ``gib`` GiB, written
-    in chunks: 50 series, each a run of rows one second apart."""
-    path = OUT / f"csv-src-{gib:g}gib.csv"
+_CSV_SERIES, _CSV_CHUNK = 50, 200_000
+
+
+def _csv_lines(series: np.ndarray, times: np.ndarray, values: np.ndarray) -> str:
+    """Rows ``series,time,x0..x7`` as CSV text."""
+    return "\n".join(f"s{s:02d},{t}," + ",".join(map(str, row)) for s, t, row in
+                     zip(series.tolist(), times.tolist(), values.tolist(), strict=True)) + "\n"
+
+
+def _write_csv(path: Path, chunks: Iterator[str]) -> Path:
+    """Write the CSV once (header, then ``chunks``) and reuse it afterwards."""
     if path.exists():
         return path
     OUT.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    target, written, series, chunk = int(gib * 2**30), 0, 50, 200_000
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as fh:
         fh.write("series,time," + ",".join(f"x{i}" for i in range(8)) + "\n")
-        rows_per_series = None
-        for sid in range(series):
-            start = 0
-            while True:
-                values = rng.normal(size=(chunk, 8)).round(5)
-                lines = "\n".join(
-                    f"s{sid:02d},{start + i}," + ",".join(map(str, row))
-                    for i, row in enumerate(values.tolist())) + "\n"
-                fh.write(lines)
-                written += len(lines)
-                start += chunk
-                if rows_per_series is None and written * series >= target:
-                    rows_per_series = start
-                if rows_per_series is not None and start >= rows_per_series:
-                    break
+        for text in chunks:
+            fh.write(text)
     tmp.rename(path)
     return path
+
+
+def _csv_source(gib: float) -> Path:
+    """A long CSV (series, time, 8 float features) of about ``gib`` GiB, written
+    in chunks: 50 series, each a run of rows one second apart."""
+
+    def chunks() -> Iterator[str]:
+        rng = np.random.default_rng(0)
+        target, written, rows_per_series = int(gib * 2**30), 0, None
+        for sid in range(_CSV_SERIES):
+            start = 0
+            while rows_per_series is None or start < rows_per_series:
+                text = _csv_lines(np.full(_CSV_CHUNK, sid), start + np.arange(_CSV_CHUNK),
+                                  rng.normal(size=(_CSV_CHUNK, 8)).round(5))
+                yield text
+                written += len(text)
+                start += _CSV_CHUNK
+                if rows_per_series is None and written * _CSV_SERIES >= target:
+                    rows_per_series = start
+
+    return _write_csv(OUT / f"csv-src-{gib:g}gib.csv", chunks())
 
 
 def _interleaved_csv_source(gib: float) -> Path:
     """A long CSV like :func:`_csv_source` whose 50 series interleave (a log in
     time order): windowkit groups it in memory."""
-    path = OUT / f"csv-interleaved-{gib:g}gib.csv"
-    if path.exists():
-        return path
-    OUT.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(1)
-    target, written, series, chunk, row = int(gib * 2**30), 0, 50, 200_000, 0
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        fh.write("series,time," + ",".join(f"x{i}" for i in range(8)) + "\n")
-        while written < target:
-            values = rng.normal(size=(chunk, 8)).round(5)
-            lines = "\n".join(
-                f"s{(row + i) % series:02d},{(row + i) // series}," + ",".join(map(str, v))
-                for i, v in enumerate(values.tolist())) + "\n"
-            fh.write(lines)
-            written += len(lines)
-            row += chunk
-    tmp.rename(path)
-    return path
+
+    def chunks() -> Iterator[str]:
+        rng = np.random.default_rng(1)
+        written, row = 0, 0
+        while written < gib * 2**30:
+            rows = row + np.arange(_CSV_CHUNK)
+            text = _csv_lines(rows % _CSV_SERIES, rows // _CSV_SERIES,
+                              rng.normal(size=(_CSV_CHUNK, 8)).round(5))
+            yield text
+            written += len(text)
+            row += _CSV_CHUNK
+
+    return _write_csv(OUT / f"csv-interleaved-{gib:g}gib.csv", chunks())
 
 
 def csv(gib: float, interleaved_gib: float) -> None:

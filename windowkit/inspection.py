@@ -7,16 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from windowkit._progress import human_size
 from windowkit.store import open_store
-
-
-def _human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover
-
 
 _BLOCK_NAMES = {"tfrecord": "record", "zarr": "chunk", "parquet": "row group"}
 
@@ -103,12 +95,13 @@ def render(summary: dict[str, Any]) -> str:
         *([("windows skipped", f"{summary['nan_skipped_windows']:,} (they touch one of "
                                f"{summary['missing_rows']:,} rows with NaN or inf)")]
           if summary["missing_rows"] else []),
-        ("blocks", f"{summary['block_rows']:,} rows ({_human(summary['block_bytes'])}) per "
+        ("blocks", f"{summary['block_rows']:,} rows ({human_size(summary['block_bytes'])}) per "
                    f"{_BLOCK_NAMES.get(summary['format'], 'block')}"),
         *([("data files", f"{summary['data_files']:,}")] if summary["data_files"] else []),
         ("compression", str(summary["compression"])),
-        ("data on disk", f"{_human(on_disk)} vs {_human(raw)} raw{ratio}"),
-        ("store on disk", f"{_human(summary['store_bytes_on_disk'])} in {summary['files']} files"),
+        ("data on disk", f"{human_size(on_disk)} vs {human_size(raw)} raw{ratio}"),
+        ("store on disk",
+         f"{human_size(summary['store_bytes_on_disk'])} in {summary['files']} files"),
     ]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from windowkit._progress import human_size
 from windowkit.errors import InvalidSpecError, SourceError, SourceNotFoundError
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
@@ -143,11 +144,7 @@ class StagedSeries:
 _CLOCK_DIRECTIVES = ("%H", "%I", "%M", "%S", "%f", "%p", "%z", "%T", "%R", "%c")
 
 
-def _time_unit(kind: pa.DataType, time_format: str | None) -> tuple[str, str | None]:
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        if time_format is None:
-            return "text", None  # refused at the first value, naming it
-        return ("ns" if any(d in time_format for d in _CLOCK_DIRECTIVES) else "days"), None
+def _time_unit(kind: pa.DataType) -> tuple[str, str | None]:
     if pa.types.is_timestamp(kind):
         return "ns", kind.tz
     if pa.types.is_date(kind):
@@ -228,9 +225,11 @@ class _Stager:
             kind = schema.field(opts.time_col).type
             self.text_times = pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
                 pa.types.is_integer(kind) and opts.time_format is not None)  # e.g. 20240131
-            if self.text_times:
-                kind = pa.string()
-            self.unit, self.tz = _time_unit(kind, opts.time_format)
+            if not self.text_times:
+                self.unit, self.tz = _time_unit(kind)
+            elif opts.time_format:  # text without a format is refused at its first value
+                clock = any(code in opts.time_format for code in _CLOCK_DIRECTIVES)
+                self.unit = "ns" if clock else "days"
 
     def batch(self, batch: pa.RecordBatch) -> None:
         n = batch.num_rows
@@ -463,19 +462,9 @@ def _stage(batches: Iterable[pa.RecordBatch], stager: _Stager, name: str) -> lis
     return series
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 def _read_to_sort(source: Any, name: str, needed: list[str] | None, budget: int,
                   refusal: NotInOrderError) -> pa.Table:
     """The whole table in memory, if it fits ``budget`` bytes; else ``refusal``."""
-    too_large = NotInOrderError(
-        f"{refusal} (the table is larger than the memory budget for sorting it here, "
-        f"--sort-memory {_size(budget)})")
     if budget <= 0:
         raise refusal
     kept, size = [], 0
@@ -484,7 +473,9 @@ def _read_to_sort(source: Any, name: str, needed: list[str] | None, budget: int,
             batch = batch.select(needed)
         size += batch.nbytes
         if size > budget:
-            raise too_large from None
+            raise NotInOrderError(
+                f"{refusal} (the table is larger than the memory budget for sorting it here, "
+                f"--sort-memory {human_size(budget)})") from None
         kept.append(batch)
     return pa.Table.from_batches(kept)
 
