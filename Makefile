@@ -7,7 +7,7 @@ DEMO   := demo
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test lint typecheck bench bench-memory bench-csv fixtures clean
+.PHONY: install demo test test-slow lint typecheck bench bench-memory bench-csv fixtures clean
 
 install: $(STAMP)
 
@@ -31,6 +31,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check windowkit tests fixtures

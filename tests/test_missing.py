@@ -184,9 +184,10 @@ def test_bad_nan_option(tmp_path: Path) -> None:
 def test_missing_runs_survive_a_resume_marker() -> None:
     runs = true_runs(np.array([True, False, True, True, False, False, True]))
     assert runs.tolist() == [[0, 1], [2, 4], [6, 7]]
-    result = ShardResult({"n": 1}, RunningStats(), 7, [], runs + 100)
+    result = ShardResult({"n": 1}, RunningStats(), 7, [], "digest", runs + 100)
     again = ShardResult.from_marker(result.to_marker())
     assert again.missing.tolist() == [[100, 101], [102, 104], [106, 107]]
+    assert again.source_digest == "digest"
     assert ShardResult.from_marker({**result.to_marker(), "missing": []}).missing.shape == (0, 2)
 
 

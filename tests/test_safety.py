@@ -46,6 +46,7 @@ def _convert(sources: list[Path], out: Path, fmt: str, **options: object) -> wk.
 
 
 def _tree(root: Path) -> dict[str, bytes]:
+    """Every file of a store, by path."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file()}
 
@@ -162,53 +163,117 @@ def test_not_enough_disk_space_is_refused_before_writing(
     result = CliRunner().invoke(main, ["convert", *map(str, sources), "--format", fmt,
                                        "--out", str(tmp_path / "store"), "--window", "8", "-q"])
     assert result.exit_code == 2
-    assert re.search(r"not enough disk space for the store: it needs about 0\.\d+ GiB, "
-                     r"0\.00 GiB are free", result.output), result.output
+    assert re.search(r"not enough disk space for the store: it needs about 1\.\d MiB, "
+                     r"1000 B are free", result.output), result.output
     assert result.output.count("\n") == 1
     assert _leftovers(tmp_path) == [] and not (tmp_path / "store").exists()
 
 
-# -- kill -9 at random moments ----------------------------------------------------------
-_CONVERT = """
-import sys, windowkit as wk
-sources, out, fmt = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
-wk.convert(sources, out, format=fmt, window=wk.WindowSpec(8, horizon=2), block_rows=128,
-           shards=6)
+# -- kill -9 ------------------------------------------------------------------------------
+# The child converts; its shard writer sleeps a little per shard (``SHARD_DELAY``), so
+# that the test can kill it after a chosen number of shards are finished (it polls
+# the workspace's resume markers), never while it imports.
+_CHILD = """
+import os, sys, time
+import numpy as np
+import windowkit as wk
+from windowkit.formats import get_format
+
+fmt, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+storage = type(get_format(fmt))
+original = storage.write_shard
+def slow_write_shard(self, *args):
+    time.sleep(float(os.environ.get("SHARD_DELAY", "0")))
+    return original(self, *args)
+storage.write_shard = slow_write_shard
+if kind == "files":
+    source = sys.argv[4].split(",")
+    options = dict(window=wk.WindowSpec(8, horizon=2), block_rows=128, shards=6)
+else:  # an in-memory array of 4M rows, all zeros or all ones
+    source = {"a": np.full(4_000_000, 1 if kind == "ones" else 0, dtype=np.float32)}
+    options = dict(window=wk.WindowSpec(8), shards=24)
+wk.convert(source, out, format=fmt, **options)
 """
 
 
-def _spawn(sources: list[Path], out: Path, fmt: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", _CONVERT, ",".join(map(str, sources)),
-                             str(out), fmt], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def _spawn(fmt: str, out: Path, kind: str, *args: str, delay: float = 0.0
+           ) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "SHARD_DELAY": str(delay)}
+    return subprocess.Popen([sys.executable, "-c", _CHILD, fmt, str(out), kind, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
 
-def test_kill_9_at_random_moments_then_resume(tmp_path: Path, sources: list[Path], fmt: str,
-                                              reference: dict[str, bytes]) -> None:
-    """Killed at several moments of a conversion, re-running the same command
-    completes it byte-identically and leaves nothing else behind."""
-    started = time.perf_counter()  # how long a whole conversion takes here
-    assert _spawn(sources, tmp_path / "timing", fmt).wait() == 0
-    duration = time.perf_counter() - started
-    rng = np.random.default_rng(7)
-    interrupted = 0
-    for trial, fraction in enumerate([0.5, 0.65, 0.8, 0.95]):
+def _finished_shards(out: Path) -> int:
+    resume = out.parent / f".{out.name}.windowkit-partial" / "_resume"
+    return len(list(resume.glob("shard-*.json")))
+
+
+def _kill_after(proc: subprocess.Popen[bytes], out: Path, shards: int) -> int:
+    """SIGKILL the child once ``shards`` shards are finished; return how many were."""
+    deadline = time.monotonic() + 120
+    while _finished_shards(out) < shards and proc.poll() is None:
+        assert time.monotonic() < deadline, "the conversion made no progress"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return _finished_shards(out)
+
+
+def test_kill_9_after_finished_shards_then_resume(tmp_path: Path, sources: list[Path],
+                                                  fmt: str,
+                                                  reference: dict[str, bytes]) -> None:
+    """Killed after 1..5 of 6 shards, re-running the same command completes the
+    conversion byte-identically and leaves nothing else behind."""
+    files = ",".join(map(str, sources))
+    for trial, shards in enumerate([1, 3, 5]):
         out = tmp_path / f"store{trial}"
-        proc = _spawn(sources, out, fmt)
-        time.sleep(duration * fraction * rng.uniform(0.9, 1.1))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if out.exists():  # it had finished: a complete store, nothing else
-            assert verify_store(out) == []
-        else:  # no target, only the workspace; the same command resumes it
-            interrupted += 1
-            rerun = subprocess.run([sys.executable, "-c", _CONVERT, ",".join(map(str, sources)),
-                                    str(out), fmt], capture_output=True, text=True, check=False)
-            assert rerun.returncode == 0, rerun.stderr[-2000:]
+        proc = _spawn(fmt, out, "files", files, delay=0.3)
+        done = _kill_after(proc, out, shards)
+        assert shards <= done < 6 and not out.exists(), "the kill landed too late"
+        rerun = _spawn(fmt, out, "files", files)
+        assert rerun.wait() == 0, rerun.stderr.read().decode()[-2000:] if rerun.stderr else ""
         assert _tree(out) == reference
         assert verify_store(out) == []
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    assert interrupted, "no trial was killed before it finished"
+
+
+def test_kill_9_then_converting_other_arrays_never_mixes_them(tmp_path: Path,
+                                                              fmt: str) -> None:
+    """An interrupted conversion of zeros, then a conversion of ones to the same
+    target: the store holds ones only (arrays are identified by their content)."""
+    out = tmp_path / "store"
+    done = _kill_after(_spawn(fmt, out, "zeros", delay=0.2), out, 3)
+    assert 3 <= done < 24 and not out.exists(), "the kill landed too late"
+    assert _spawn(fmt, out, "ones").wait() == 0
+    store = wk.open_store(out)
+    rng = np.random.default_rng(0)
+    sample = rng.choice(store.num_windows("train"), 20_000, replace=False)
+    assert (store.windows("train", np.sort(sample)) == 1).all()
+    assert verify_store(out) == []
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_soak(tmp_path: Path, sources: list[Path], fmt: str,
+                                       reference: dict[str, bytes]) -> None:
+    """Killed at 16 random moments of a conversion (while it writes shards, index
+    tables, the manifest or publishes), the same command always completes it
+    byte-identically; a kill after the rename leaves a complete store."""
+    files = ",".join(map(str, sources))
+    started = time.perf_counter()
+    assert _spawn(fmt, tmp_path / "timing", "files", files, delay=0.05).wait() == 0
+    duration = time.perf_counter() - started
+    rng = np.random.default_rng(11)
+    for trial in range(16):
+        out = tmp_path / f"store{trial}"
+        proc = _spawn(fmt, out, "files", files, delay=0.05)
+        time.sleep(duration * rng.uniform(0.3, 1.1))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if not out.exists():
+            assert _spawn(fmt, out, "files", files).wait() == 0
+        assert _tree(out) == reference
+        assert verify_store(out) == []
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 # -- damaged files: verify names them, readers refuse them ------------------------------

@@ -17,16 +17,56 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import windowkit as wk
-from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
+from tests.conftest import (
+    IMPLEMENTED_FORMATS,
+    assert_windows_equal,
+    collect_epoch,
+    oracle_windows,
+)
 from windowkit.formats import get_format
+from windowkit.keras_data import WindowPyDataset
+from windowkit.store import Windows
 
-DTYPES = [np.float16, np.float32, np.float64, np.int32]
+#: Every dtype a store may hold: each must round-trip bit-exactly through every reader.
+ALL_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+              "float16", "float32", "float64"]
+DTYPES = [np.dtype(name) for name in ALL_DTYPES]
 STEP_SHAPES = st.sampled_from([(), (1,), (3,), (2, 3, 2)])
+
+
+def dtype_values(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator, *,
+                 extremes: bool = False) -> np.ndarray:
+    """Random values of ``dtype``: integers over its whole range, bools, floats
+    around 0 (with ``extremes``: any finite bit pattern, so every exponent, and
+    first the dtype's edge values: min, max, the tiniest normal and subnormal
+    numbers, -0.0). Never NaN or infinity, which convert refuses."""
+    if dtype.kind == "b":
+        values = rng.integers(0, 2, size=shape).astype(dtype)
+        edges = np.array([True, False], dtype=dtype)
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+        edges = np.array([info.min, info.max, 0, 1, info.max // 2 + 1], dtype=dtype)
+    elif not extremes:
+        return rng.normal(0, 100, size=shape).astype(dtype)
+    else:
+        finfo = np.finfo(dtype)
+        bits = np.dtype(f"u{dtype.itemsize}")
+        values = rng.integers(0, np.iinfo(bits).max, size=shape, dtype=bits,
+                              endpoint=True).view(dtype)
+        values = np.where(np.isfinite(values), values, dtype.type(1.5))
+        tiny, sub = finfo.tiny, finfo.smallest_subnormal
+        edges = np.array([finfo.min, finfo.max, tiny, -tiny, sub, -sub, tiny - sub, -0.0, 0.0,
+                          finfo.eps, 1 + finfo.eps, -1.0], dtype=dtype)
+    if extremes:
+        flat = values.reshape(-1)
+        flat[:len(edges)] = edges[:len(flat)]
+    return values
 
 
 @st.composite
 def datasets(draw: st.DrawFn) -> tuple[list[np.ndarray], wk.WindowSpec, int]:
-    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    dtype = draw(st.sampled_from(DTYPES))
     step = draw(STEP_SHAPES)
     spec = wk.WindowSpec(length=draw(st.integers(1, 6)), stride=draw(st.integers(1, 3)),
                          sampling_rate=draw(st.integers(1, 3)), horizon=draw(st.integers(0, 3)))
@@ -34,13 +74,7 @@ def datasets(draw: st.DrawFn) -> tuple[list[np.ndarray], wk.WindowSpec, int]:
     lengths = draw(st.lists(st.integers(1, 50), min_size=0, max_size=3))
     lengths.insert(draw(st.integers(0, len(lengths))), draw(st.integers(spec.span, 50)))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    series = []
-    for n in lengths:
-        if dtype.kind == "f":
-            values = rng.normal(0, 100, size=(n, *step)).astype(dtype)
-        else:
-            values = rng.integers(-(2**31), 2**31 - 1, size=(n, *step)).astype(dtype)
-        series.append(values)
+    series = [dtype_values(dtype, (n, *step), rng) for n in lengths]
     block_rows = draw(st.integers(1, 24))
     return series, spec, block_rows
 
@@ -84,6 +118,118 @@ def test_tf_dataset_epoch_holds_every_window_once(fmt: str, data: tuple, batch_s
         x, y = collect_epoch(ds)
     assert x.dtype == series[0].dtype
     assert_windows_equal(x, y, expected_x, expected_y, in_order=not shuffle)
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values).view(np.uint8)
+
+
+def _assert_same_bits(got: np.ndarray | None, expected: np.ndarray | None) -> None:
+    """Equal bit for bit (so ``-0.0`` differs from ``0.0``), of one dtype and shape."""
+    assert got is not None and expected is not None
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(_bits(got), _bits(expected))
+
+
+def _pair(windows: Windows) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(x, y)`` of a reader's ``x`` or ``(x, y)`` (``y`` None without a horizon)."""
+    return windows if isinstance(windows, tuple) else (windows, None)
+
+
+def _keras_epoch(ds: WindowPyDataset) -> tuple[np.ndarray, np.ndarray | None]:
+    """Batches ``0 .. len-1`` of a keras_dataset, concatenated."""
+    batches = [_pair(ds[i]) for i in range(len(ds))]
+    ys = [y for _, y in batches if y is not None]
+    return np.concatenate([x for x, _ in batches]), (np.concatenate(ys) if ys else None)
+
+
+def _check_epoch(got: tuple[np.ndarray, np.ndarray | None], expected_x: np.ndarray,
+                 expected_y: np.ndarray | None, *, in_order: bool) -> None:
+    x, y = got
+    assert x.dtype == expected_x.dtype and (y is None) == (expected_y is None)
+    if in_order:
+        _assert_same_bits(x, expected_x)
+        if expected_y is not None:
+            _assert_same_bits(y, expected_y)
+    else:  # keys are bytes: the multisets are compared bit for bit
+        assert_windows_equal(x, y, expected_x, expected_y, in_order=False)
+
+
+def _dtype_series(dtype: str) -> list[np.ndarray]:
+    rng = np.random.default_rng(sum(map(ord, dtype)))
+    return [dtype_values(np.dtype(dtype), (60, 2), rng, extremes=True) for _ in range(3)]
+
+
+def _normalized(store: wk.Store, x: np.ndarray, y: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    norm = store.normalizer()
+    return norm(x), (norm.select(store.target_index)(y) if y is not None else None)
+
+
+def _check_normalized(got: tuple[np.ndarray, np.ndarray | None],
+                      expected: tuple[np.ndarray, np.ndarray | None], dtype: str) -> None:
+    """Normalized windows are float32 (float64 stays float64) and match NumPy's."""
+    want = np.dtype(np.float64 if dtype == "float64" else np.float32)
+    assert (got[1] is None) == (expected[1] is None)
+    for part, expected_part in zip(got, expected, strict=True):
+        if expected_part is not None:
+            assert part is not None and part.dtype == want
+            np.testing.assert_allclose(part, expected_part, rtol=1e-6)
+
+
+# the statistics of float64 extremes overflow: such a store has none, and
+# normalize=True is refused (never NaN)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_every_dtype_round_trips_bit_exactly(fmt: str, dtype: str, tmp_path: Path) -> None:
+    """Extremes of every dtype come back bit for bit from every reader: random
+    access, tf_dataset and keras_dataset, in order and shuffled, with and
+    without a horizon (each reader sees both orders across the two stores);
+    normalized (float) windows come from random access and keras_dataset."""
+    series = _dtype_series(dtype)
+    for horizon, tf_in_order in ((2, True), (0, False)):
+        spec = wk.WindowSpec(5, stride=2, horizon=horizon)
+        expected_x, expected_y = oracle_windows(series, spec)
+        store = wk.convert(series, tmp_path / f"h{horizon}", format=fmt, window=spec,
+                           block_rows=16)
+        assert store.dtype == np.dtype(dtype) and store.num_windows("train") == len(expected_x)
+        positions = np.arange(len(expected_x))
+        got = store.windows("train", positions)
+        _check_epoch(_pair(got), expected_x, expected_y, in_order=True)
+        ds = store.tf_dataset("train", 32, shuffle=not tf_in_order, seed=1)
+        _check_epoch(collect_epoch(ds), expected_x, expected_y, in_order=tf_in_order)
+        keras = store.keras_dataset("train", 32, shuffle=tf_in_order, seed=1)
+        _check_epoch(_keras_epoch(keras), expected_x, expected_y, in_order=not tf_in_order)
+        if store.manifest.normalization is None:
+            assert dtype == "float64"
+            with pytest.raises(wk.StoreError, match="no normalization statistics"):
+                store.windows("train", positions, normalize=True)
+            continue
+        expected = _normalized(store, expected_x, expected_y)
+        got = store.windows("train", positions, normalize=True)
+        _check_normalized(_pair(got), expected, dtype)
+        keras = store.keras_dataset("train", 32, shuffle=False, normalize=True)
+        _check_normalized(_keras_epoch(keras), expected, dtype)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_every_dtype_normalizes_in_tf_dataset(dtype: str, tmp_path: Path) -> None:
+    """``tf_dataset(normalize=True)`` casts every dtype to floats. The cast runs
+    after decoding, in the graph both tf readers share, so the dtypes take
+    turns over the formats (decoding is checked per format above)."""
+    fmt = IMPLEMENTED_FORMATS[ALL_DTYPES.index(dtype) % len(IMPLEMENTED_FORMATS)]
+    series = _dtype_series(dtype)
+    spec = wk.WindowSpec(5, stride=2, horizon=1)
+    store = wk.convert(series, tmp_path / "s", format=fmt, window=spec, block_rows=16)
+    if dtype == "float64":  # extremes: statistics overflow, normalizing is refused
+        assert store.manifest.normalization is None
+        with pytest.raises(wk.StoreError, match="no normalization statistics"):
+            store.tf_dataset("train", 32, normalize=True)
+        return
+    expected = _normalized(store, *oracle_windows(series, spec))
+    got = collect_epoch(store.tf_dataset("train", 32, shuffle=False, normalize=True))
+    _check_normalized(got, expected, dtype)
 
 
 def _numbered_series(lengths: list[int], features: int = 2) -> list[np.ndarray]:
@@ -187,7 +333,7 @@ def test_index_table_and_manifest(fmt: str, tmp_path: Path) -> None:
     expected = [(s, r, 4) for s, n in enumerate([30, 3, 12]) for r in range(0, n - 4, 3)]
     assert index.tolist() == [list(t) for t in expected]
     info = store.info
-    assert info["format"] == fmt and info["format_version"] == 1
+    assert info["format"] == fmt and info["format_version"] == 2
     assert info["splits"]["train"]["windows"] == len(expected)
     assert info["series"] == {"count": 3, "too_short": 1, "gap_skipped_windows": 0,
                               "nan_skipped_windows": 0, "missing_rows": 0}

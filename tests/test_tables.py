@@ -163,7 +163,7 @@ def test_a_locked_target_is_refused_before_staging(tmp_path: Path) -> None:
     try:
         with pytest.raises(wk.StoreError, match="another windowkit convert is writing"):
             wk.convert(tmp_path / "t.csv", tmp_path / "s", window=4)
-        assert not (tmp_path / ".s.windowkit-staging").exists()
+        assert not (running.root / "_staging").exists()
     finally:
         running.release()
     assert wk.convert(tmp_path / "t.csv", tmp_path / "s", window=4).num_windows() == 47

@@ -13,6 +13,7 @@ from windowkit.errors import (
     SourceNotFoundError,
     StoreError,
     StoreExistsError,
+    StoreReplacedError,
     WindowkitError,
 )
 from windowkit.formats import FORMAT_NAMES, FORMATS
@@ -29,6 +30,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreExistsError",
+    "StoreReplacedError",
     "WindowSpec",
     "WindowkitError",
     "__version__",

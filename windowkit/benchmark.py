@@ -19,7 +19,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +81,34 @@ def child_windowkit(store_path: str, batches: str) -> dict[str, Any]:
             "peak_rss_mb": peak_rss_mb()}
 
 
-def child_keras(store_path: str, batches: str) -> dict[str, Any]:
-    """``keras_dataset`` iterated batch by batch, as Keras' data adapter does."""
+def _ordered_batches(ds: Any, limit: int, workers: int, queue_size: int) -> Iterator[Any]:
+    """Batches ``0 .. limit-1`` fetched by ``workers`` threads, in order, at most
+    ``queue_size`` ahead: what Keras' ``OrderedEnqueuer`` does with ``workers``."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="bench-keras") as pool:
+        pending: deque[Future[Any]] = deque()
+        for i in range(limit):
+            pending.append(pool.submit(ds.__getitem__, i))
+            if len(pending) >= queue_size:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def child_keras(store_path: str, batches: str, workers: str = "1") -> dict[str, Any]:
+    """``keras_dataset`` iterated batch by batch, as Keras' data adapter does:
+    in this thread (one worker), or by ``workers`` threads."""
     import windowkit as wk
 
-    ds = wk.open_store(store_path).keras_dataset("train", BATCH, shuffle=True, seed=0)
+    threads = int(workers)
+    ds = wk.open_store(store_path).keras_dataset("train", BATCH, shuffle=True, seed=0,
+                                                 workers=threads)
     limit = len(ds) if batches == "epoch" else min(len(ds), int(batches))
-    batch_iter = (ds[i] for i in range(limit))
+    batch_iter: Iterator[Any] = (
+        (ds[i] for i in range(limit)) if threads == 1
+        else _ordered_batches(ds, limit, threads, ds.max_queue_size))
     windows, seconds = _time_batches(batch_iter, None)
     return {"windows_s": windows / seconds, "windows": windows, "seconds": seconds,
-            "peak_rss_mb": peak_rss_mb()}
+            "peak_rss_mb": peak_rss_mb(), "workers": threads}
 
 
 def child_materialized(source_dir: str, batches: str) -> dict[str, Any]:
@@ -161,26 +181,38 @@ def throughput(rounds: int) -> None:
             for f in formats}
     tf_base = _run_child("tf_import")
     readers = [(f, reader) for f in formats for reader in ("tf_dataset", "keras_dataset")]
-    results: dict[Any, list[dict[str, Any]]] = {key: [] for key in ["materialized", *readers]}
+    keras2 = [(f, "keras_dataset x2") for f in formats]
+    results: dict[Any, list[dict[str, Any]]] = {
+        key: [] for key in ["materialized", *readers, *keras2]}
     for _ in range(rounds):  # alternate, so every reader sees the same machine load
         results["materialized"].append(_run_child("materialized", str(source_dir), "epoch"))
         for f, reader in readers:
-            child = "windowkit" if reader == "tf_dataset" else "keras"
-            results[(f, reader)].append(_run_child(child, str(OUT / f"throughput-{f}"), "epoch"))
+            store = str(OUT / f"throughput-{f}")
+            if reader == "tf_dataset":
+                results[(f, reader)].append(_run_child("windowkit", store, "epoch"))
+                continue
+            results[(f, reader)].append(_run_child("keras", store, "epoch", "1"))
+            results[(f, "keras_dataset x2")].append(_run_child("keras", store, "epoch", "2"))
     best = {k: max(v, key=lambda r: r["windows_s"]) for k, v in results.items()}
     plain = best["materialized"]["windows_s"]
     raw = conv[formats[0]]["raw_bytes"]
     print(f"data: {SERIES} series x {ROWS:,} rows x {FEATURES} float32 features "
           f"({raw / 2**20:.0f} MiB raw), window L={LENGTH}, batch {BATCH}, shuffled, "
           f"best of {rounds} full epochs; machine: {os.cpu_count()} cores")
+    print("keras_dataset: windows/s with 1 worker (batches read in turn) and with 2 worker "
+          "threads (in order, as Keras' workers=2 reads them)")
     print(f"{'reader':<46}{'windows/s':>11}{'vs plain':>10}{'peak RSS':>11}"
-          f"{'disk/raw':>10}{'convert':>12}")
+          f"{'disk/raw':>10}{'convert':>12}{'2 workers':>11}{'RSS':>8}")
     for f, reader in readers:
         r, c = best[(f, reader)], conv[f]
+        two = ""
+        if reader == "keras_dataset":
+            r2 = best[(f, "keras_dataset x2")]
+            two = f"{r2['windows_s']:>11,.0f}{r2['peak_rss_mb']:>5.0f} MB"
         print(f"{f + ' ' + reader + ' (windowkit)':<46}{r['windows_s']:>11,.0f}"
               f"{r['windows_s'] / plain:>9.2f}x{r['peak_rss_mb']:>8.0f} MB"
               f"{_disk_bytes(OUT / f'throughput-{f}') / raw:>9.2f}x"
-              f"{c['convert_mb_s']:>7.0f} MB/s")
+              f"{c['convert_mb_s']:>7.0f} MB/s{two}")
     m = best["materialized"]
     print(f"{'plain: materialized windows, shuffle(10000)':<46}{m['windows_s']:>11,.0f}"
           f"{1:>9.2f}x{m['peak_rss_mb']:>8.0f} MB")

@@ -147,7 +147,9 @@ def main() -> None:
               "--shard-size).")
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Processes writing shards in parallel.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing store.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing windowkit store (or fill an empty directory); "
+                   "anything else at --out is refused, and so is an --out holding a source.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_one_line_errors
 def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: int,

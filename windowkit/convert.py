@@ -8,6 +8,7 @@ running it again resumes from the shards it finished.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from windowkit._progress import progress_bar
+from windowkit._progress import human_size, progress_bar
 from windowkit._version import __version__
 from windowkit.errors import (
     DiskSpaceError,
@@ -33,27 +34,37 @@ from windowkit.errors import (
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import ShardTask
 from windowkit.index import IndexWriter, stretches_without
-from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
+from windowkit.manifest import FileEntry, Manifest
 from windowkit.shards import (
     DEFAULT_SHARD_BYTES,
     SeriesLayout,
     ShardResult,
     merged_stats,
     plan_shards,
+    source_digest,
     write_shards,
 )
-from windowkit.sources import NpySeries, Series, SourceLike, check_consistent, open_sources
+from windowkit.sources import (
+    ArraySeries,
+    NpySeries,
+    Series,
+    SourceLike,
+    check_consistent,
+    open_sources,
+    source_files,
+)
 from windowkit.spec import WindowSpec
 from windowkit.splits import SplitPlan, parse_fractions, split_names_for
 from windowkit.tables import (
     DEFAULT_SORT_MEMORY,
     StagedSeries,
     TableOptions,
+    estimate_staged_bytes,
     is_table,
     parse_time,
     stage_table,
 )
-from windowkit.workspace import RESUME_DIR, Workspace
+from windowkit.workspace import Workspace, check_target
 
 if TYPE_CHECKING:
     from windowkit.store import Store
@@ -78,7 +89,9 @@ def _as_spec(window: WindowSpec | int) -> WindowSpec:
 
 
 def _fingerprint(series: list[Series]) -> str:
-    """A digest of what the sources are: paths, sizes and times, or shapes."""
+    """A digest of what the sources are: files by path, size and modification
+    time (their rows are checked shard by shard on resume), arrays and tables
+    read from a DataFrame by a digest of their content."""
     parts: list[Any] = []
     for s in series:
         entry: dict[str, Any] = {"key": s.key, "rows": s.rows, "dtype": str(s.dtype),
@@ -89,26 +102,18 @@ def _fingerprint(series: list[Series]) -> str:
             stat = os.stat(s.path)
             entry.update(path=os.path.abspath(s.path), bytes=stat.st_size,
                          mtime_ns=stat.st_mtime_ns)
+        elif isinstance(s, ArraySeries):
+            entry.update(content=s.content_digest())
         parts.append(entry)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _check_target(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise StoreExistsError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise StoreExistsError(
-            f"{out}: target exists and is not empty; "
-            "pass overwrite=True (--overwrite) to replace it"
-        )
-
-
-def _check_disk_space(directory: Path, needed: int) -> None:
-    """Refuse to start a conversion that cannot fit on the target's disk."""
+def _check_disk_space(directory: Path, needed: int, what: str = "the store") -> None:
+    """Refuse to start writing what cannot fit on the target's disk."""
     free = shutil.disk_usage(directory).free
     if needed > free:
-        raise DiskSpaceError(f"{directory}: not enough disk space for the store: it needs about "
-                         f"{needed / 2**30:.2f} GiB, {free / 2**30:.2f} GiB are free")
+        raise DiskSpaceError(f"{directory}: not enough disk space for {what}: it needs about "
+                             f"{human_size(needed)}, {human_size(free)} are free")
 
 
 @dataclass(frozen=True)
@@ -230,15 +235,14 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
                                    "apply to table sources (CSV, Parquet, DataFrame) only")
         series = open_sources(source)  # checked before anything is written
     out = Path(out)
-    _check_target(out, overwrite)
+    check_target(out, overwrite=overwrite, sources=source_files(source))
     workspace = Workspace(out)
     workspace.lock()  # before staging: a second conversion must not touch our files
-    staging = out.parent / f".{out.name}.windowkit-staging"
     try:
         if from_table:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir()
-            series = check_consistent(stage_table(source, table, staging,
+            _check_disk_space(workspace.root, estimate_staged_bytes(source, table),
+                              "the staged table and the store")
+            series = check_consistent(stage_table(source, table, workspace.prepare_staging(),
                                                   allow_missing=nan == "skip",
                                                   sort_memory=sort_memory))
         _write_and_publish(workspace, series, storage_name=format, spec=spec,
@@ -248,19 +252,25 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
                            time_info=table if from_table else None, nan=nan,
                            target_columns=target_columns)
     except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, DiskSpaceError) and workspace.resumable:
-            pass  # keep the finished shards for a re-run with more space
-        elif isinstance(exc, WindowkitError):
-            workspace.discard()  # a user mistake: leave nothing behind
-        elif workspace.root.exists():
-            log.info("%s: conversion interrupted; run the same command again to resume it",
-                     out)
+        _after_failure(workspace, exc)
         raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
         workspace.release()
     return open_store(out)
+
+
+def _after_failure(workspace: Workspace, exc: BaseException) -> None:
+    """Leave nothing behind after a user mistake; keep finished shards after
+    anything else (an interruption, a read error, too little space, a target
+    that appeared meanwhile), so that the same command resumes."""
+    mistake = isinstance(exc, WindowkitError) and not isinstance(
+        exc, (DiskSpaceError, StoreExistsError))
+    if workspace.inherited or (workspace.resumable and not mistake):
+        shutil.rmtree(workspace.staging, ignore_errors=True)
+        log.info("%s: conversion stopped; run the same command again to resume it",
+                 workspace.out)
+    else:
+        workspace.discard()
 
 
 def _column_names(series: list[Series]) -> list[str] | None:
@@ -311,18 +321,61 @@ def _write_and_publish(workspace: Workspace, series: list[Series], *, spec: Wind
     manifest = _write_store(workspace, series, spec=spec, plan=split.plan(series),
                             target_columns=targets, **options)
     manifest.write(workspace.root)
-    workspace.publish(overwrite)
+    workspace.publish(overwrite=overwrite)
 
 
-def _plan_key(series: list[Series], storage_name: str, layout: DataLayout,
+def _plan_key(fingerprint: str, storage_name: str, layout: DataLayout,
               tasks: list[ShardTask], seed: int, splits: SplitPlan, nan: str) -> str:
-    """A digest of everything the store's bytes depend on."""
-    plan = {"sources": _fingerprint(series), "format": storage_name,
+    """A digest of everything the data files' rows depend on."""
+    plan = {"sources": fingerprint, "format": storage_name,
             "window": layout.window.to_dict(), "compression": layout.compression,
             "block_rows": layout.block_rows, "seed": seed, "windowkit": __version__,
             "shards": [[t.first_row, t.rows] for t in tasks], "splits": splits.key(),
             "nan": nan}
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+
+
+def _store_id(plan_key: str, time_info: TableOptions | None,
+              target_columns: list[str] | None) -> str:
+    """The store id: a digest of everything the store's bytes depend on, so the
+    same conversion (resumed, or on other workers) gives the same store."""
+    table = None if time_info is None else [time_info.series_col, time_info.time_col,
+                                            time_info.columns, str(time_info.max_gap),
+                                            time_info.time_format]
+    key = json.dumps([plan_key, table, target_columns], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _resume_or_start(workspace: Workspace, plan_key: str, sources: list[Series],
+                     layout: DataLayout, tasks: list[ShardTask]) -> dict[int, ShardResult]:
+    """The finished shards of an interrupted run of this plan whose source rows
+    are unchanged; else an empty workspace and none."""
+    markers = workspace.finished_shards(plan_key)
+    if markers is not None:
+        placement = SeriesLayout.of(sources)
+        for number, marker in sorted(markers.items()):
+            if marker.get("source_digest") != source_digest(sources, placement, layout,
+                                                            tasks[number]):
+                log.info("%s: the source rows of shard %d changed since the interrupted "
+                         "conversion; starting over", workspace.out, number)
+                markers = None
+                break
+    if markers is None:
+        workspace.start_over()
+        return {}
+    workspace.keep_only(markers)
+    if markers:
+        log.info("%s: resuming an interrupted conversion: %d of %d shards already written",
+                 workspace.out, len(markers), len(tasks))
+    return {n: ShardResult.from_marker(m) for n, m in markers.items()}
+
+
+def _needed_bytes(layout: DataLayout, placement: SeriesLayout, storage_name: str) -> int:
+    """About what the store takes on disk, at most: data files, index tables
+    (compressed, under 2 bytes a window) and the series table."""
+    pieces = placement.pieces_before(layout.total_rows, layout.block_rows)
+    data = get_format(storage_name).max_data_bytes(layout, pieces)
+    return data + 2 * layout.total_rows + 256 * len(placement.rows) + (1 << 20)
 
 
 def _write_store(workspace: Workspace, series: list[Series], *, storage_name: str,
@@ -346,19 +399,17 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         window=spec, compression=compression)
     data_dir = root / "data"
     tasks = plan_shards(layout, placement, shard_bytes=shard_size, shards=shards)
-    plan_key = _plan_key(series, storage_name, layout, tasks, seed, plan, nan)
-    markers = workspace.open(plan_key)
-    finished = {n: ShardResult.from_marker(m) for n, m in (markers or {}).items()}
+    fingerprint = _fingerprint(series)
+    plan_key = _plan_key(fingerprint, storage_name, layout, tasks, seed, plan, nan)
+    layout = dataclasses.replace(layout, store_id=_store_id(plan_key, time_info,
+                                                            target_columns))
+    finished = _resume_or_start(workspace, plan_key, series, layout, tasks)
     reused = sum(f.bytes for result in finished.values() for f in result.files)
-    # rows (plus TFRecord halos, at most 5%), index and metadata; compression only saves
-    _check_disk_space(root, int(total_rows * row_bytes * 1.05) + (16 << 20) - reused)
-    if markers is None:
+    _check_disk_space(root, _needed_bytes(layout, placement, storage_name) - reused)
+    if not workspace.resumable:
         data_dir.mkdir()
         storage.prepare(data_dir, layout, len(tasks))
         workspace.start(plan_key)
-    elif finished:
-        log.info("%s: resuming an interrupted conversion: %d of %d shards already written",
-                 workspace.out, len(finished), len(tasks))
     with progress_bar(total=total_rows * row_bytes, desc="convert", enabled=progress) as bar:
         results = write_shards(series, storage_name, data_dir, layout, tasks, workers=workers,
                                on_rows=lambda n: bar.update(n * row_bytes), finished=finished,
@@ -367,6 +418,9 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
                                skip_missing=nan == "skip")
     data_info = storage.finish(data_dir, layout, [r.summary for r in results])
     stats = merged_stats(results)
+    if stats.count and stats.to_dict() is None:
+        log.warning("%s: the values' statistics overflow float64; the store has no "
+                    "normalization statistics (normalize=True is refused)", workspace.out)
     known = {f.path: f for result in results for f in result.files}
 
     shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its shards
@@ -408,10 +462,6 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
         **_time_columns(series),
     }), root / "series.parquet", write_page_checksum=True)
 
-    files = sorted(
-        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-        and p.name != MANIFEST_NAME and p.relative_to(root).parts[0] != RESUME_DIR
-    )
     return Manifest(
         format=storage_name,
         dtype=dtype.name,
@@ -435,8 +485,9 @@ def _write_store(workspace: Workspace, series: list[Series], *, storage_name: st
                  "nan": nan,
                  "split": plan.names, "normalization_rows": "train" if "train" in plan.names
                  else plan.names[0]},
-        source_fingerprint=_fingerprint(series),
-        files=[known.get(f) or FileEntry.of(root, f) for f in files],
+        source_fingerprint=fingerprint,
+        store_id=layout.store_id,
+        files=[known.get(f) or FileEntry.of(root, f) for f in workspace.files()],
     )
 
 

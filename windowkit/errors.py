@@ -29,9 +29,12 @@ class StoreError(WindowkitError, OSError):
 
 
 class StoreExistsError(StoreError, FileExistsError):
-    """The conversion target already exists and is not empty."""
-
+    """The conversion target exists and may not be replaced."""
 
 
 class DiskSpaceError(StoreError):
     """The target's file system has too little free space for the store."""
+
+
+class StoreReplacedError(StoreError):
+    """The store was replaced (e.g. by ``convert --overwrite``) while it was read."""

@@ -9,16 +9,68 @@ block or series boundary it crosses. A batch is then one strided fancy index
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
+from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
 from windowkit.spec import WindowSpec
 
 DEFAULT_CACHE_BYTES = 24 << 20
+
+#: Threads that read and decode blocks for a pool. Each ``acquire`` that misses
+#: blocks hands them to one loader thread, so a slow read delays only the callers
+#: that need its block, and different callers' blocks load in parallel. Reads
+#: stay off the callers' threads (Keras workers, tf.data threads running
+#: ``py_function``s) so that decoders' per-thread caches (zstd contexts, Arrow
+#: and malloc arenas) exist at most this many times, not once per caller thread;
+#: threads start only when that many loads overlap, so one caller at a time
+#: keeps one loader thread, as before.
+LOADER_THREADS = 4
+
+
+class _LoaderReaders:
+    """The reader each loader thread reads with.
+
+    Format readers keep open file handles (seeked, then read) and small caches,
+    so they are not safe to share between threads: each loader thread reads
+    with its own copy, made by pickling (readers pickle without their handles).
+    A reader with ``thread_safe = True`` is shared as is; one that does not
+    pickle is shared behind a lock, so its reads run one at a time.
+    """
+
+    def __init__(self, reader: RowReader) -> None:
+        self._reader = reader
+        self._shared = bool(getattr(reader, "thread_safe", False))
+        self._lock = threading.Lock()
+        self._original_taken = False
+        self._local = threading.local()
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        reader: Any = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = self._local.reader = self._own_reader()
+        if reader is self._reader and not self._shared:  # maybe shared: no copy pickled
+            with self._lock:
+                return np.asarray(reader.read_rows(start, stop))
+        return np.asarray(reader.read_rows(start, stop))
+
+    def _own_reader(self) -> Any:
+        if self._shared:
+            return self._reader
+        with self._lock:
+            if not self._original_taken:  # the first loader thread reads with the original
+                self._original_taken = True
+                return self._reader
+        try:
+            return pickle.loads(pickle.dumps(self._reader))
+        except (pickle.PicklingError, TypeError, AttributeError):  # share, one read at a time
+            return self._reader
 
 
 class BlockPool:
@@ -26,8 +78,11 @@ class BlockPool:
 
     Slots in use by a gather are pinned and never evicted; a caller waits,
     holding no pins, until all the blocks it needs can be pinned together.
-    Blocks are decoded on one loader thread, whatever thread asks: decoders'
-    per-thread allocator caches then exist once, not once per tf.data thread.
+    The lock guards bookkeeping only: a caller reserves slots for its missing
+    blocks and marks them loading, then they are read and decoded on a loader
+    thread (:data:`LOADER_THREADS`) with no lock held, and published one by
+    one. A caller that needs a block being loaded waits for that load; if it
+    fails, the block is free again and the next caller loads it anew.
     """
 
     def __init__(self, reader: RowReader, *, total_rows: int, halo: int,
@@ -41,10 +96,13 @@ class BlockPool:
         self.capacity = int(max(2, min(num_blocks, cache_bytes // max(1, slot_bytes))))
         self.data = np.zeros((self.capacity * self.slot_rows, *step_shape), dtype=dtype)
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # block -> slot, LRU first
+        self._loading: set[int] = set()  # blocks whose reserved slot is being filled
         self._pins = np.zeros(self.capacity, dtype=np.int64)
         self._free = list(range(self.capacity - 1, -1, -1))
         self._cond = threading.Condition()
-        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="windowkit-load")
+        self._readers = _LoaderReaders(reader)
+        self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS,
+                                          thread_name_prefix="windowkit-load")
 
     def __getstate__(self) -> dict[str, object]:
         raise TypeError("a BlockPool holds decoded data and does not pickle; pickle the Store")
@@ -53,17 +111,20 @@ class BlockPool:
         """Pin ``blocks`` (unique ids), loading missing ones; return their slots.
 
         All or nothing: a caller waits, holding no pins, until every block it
-        asks for can be pinned at once. Pinning block by block would let
-        threads that each hold part of what they need wait for one another.
+        asks for can be pinned at once (and none is being loaded by another
+        caller). Pinning block by block would let threads that each hold part
+        of what they need wait for one another.
         """
         if len(blocks) > self.capacity:
             raise ValueError(f"{len(blocks)} blocks requested, pool holds {self.capacity}")
         wanted = blocks.tolist()
         slots = np.empty(len(wanted), dtype=np.int64)
+        resident: list[int] = []
+        jobs: list[tuple[int, int]] = []  # (block, reserved slot) to load
         with self._cond:
             while not self._can_pin(wanted):
                 self._cond.wait()
-            missing, pinned = [], []
+            missing = []
             for i, block in enumerate(wanted):  # resident blocks first: never evicted below
                 slot = self._slot_of.get(block)
                 if slot is None:
@@ -72,29 +133,42 @@ class BlockPool:
                 self._slot_of.move_to_end(block)
                 self._pins[slot] += 1
                 slots[i] = slot
-                pinned.append(i)
+                resident.append(slot)
             for i in missing:
                 slot = self._take_slot()
-                try:
-                    self._load(wanted[i], slot)
-                except BaseException:  # a damaged block: give back what this call took
-                    self._free.append(slot)
-                    np.subtract.at(self._pins, slots[pinned], 1)
-                    self._cond.notify_all()
-                    raise
-                self._slot_of[wanted[i]] = slot
                 self._pins[slot] += 1
+                self._loading.add(wanted[i])
                 slots[i] = slot
-                pinned.append(i)
+                jobs.append((wanted[i], slot))
+        if not jobs:
+            return slots
+        loaded: list[int] = []  # slots the loader published for this call
+        try:
+            future = self._loader.submit(self._load, jobs, loaded)
+        except BaseException:  # e.g. at interpreter shutdown: nothing was loaded
+            self._give_back(jobs)
+            self.release(np.array(resident, dtype=np.int64))
+            raise
+        try:
+            error = future.exception()
+        except BaseException:  # interrupted: the loads go on; unpin once they are done
+            future.add_done_callback(lambda _: self.release(np.array(resident + loaded)))
+            raise
+        if error is not None:  # failed loads gave back their slots and pins already
+            self.release(np.array(resident + loaded, dtype=np.int64))
+            raise error
         return slots
 
     def release(self, slots: np.ndarray) -> None:
         with self._cond:
-            np.subtract.at(self._pins, slots, 1)
+            np.subtract.at(self._pins, slots.astype(np.int64, copy=False), 1)
             self._cond.notify_all()
 
     def _can_pin(self, wanted: list[int]) -> bool:
-        """Whether slots for every block of ``wanted`` not resident are free now."""
+        """Whether no block of ``wanted`` is being loaded, and slots for every
+        one not resident are free (or evictable) now."""
+        if self._loading and not self._loading.isdisjoint(wanted):
+            return False
         missing = sum(1 for block in wanted if block not in self._slot_of)
         if missing <= len(self._free):
             return True
@@ -113,10 +187,44 @@ class BlockPool:
                 return slot
         raise AssertionError("no unpinned slot although _can_pin said so")
 
-    def _load(self, block: int, slot: int) -> None:
+    def _load(self, jobs: list[tuple[int, int]], loaded: list[int]) -> None:
+        """Fill the reserved slots of ``jobs`` in turn (on a loader thread, no lock
+        held), publishing each block once its slot is whole. On an error the
+        slots not filled are given back, with the caller's pins on them."""
+        for n, (block, slot) in enumerate(jobs):
+            try:
+                self._fill(block, slot)
+            except BaseException:
+                self._give_back(jobs[n:])
+                raise
+            with self._cond:
+                self._loading.discard(block)
+                self._slot_of[block] = slot
+                loaded.append(slot)
+                self._cond.notify_all()
+
+    def _give_back(self, jobs: list[tuple[int, int]]) -> None:
+        """Free the reserved slots of ``jobs`` not filled, with the caller's pins
+        on them, and wake the callers waiting for those blocks (they load them)."""
+        with self._cond:
+            for block, slot in jobs:
+                self._loading.discard(block)
+                self._pins[slot] -= 1
+                self._free.append(slot)
+            self._cond.notify_all()
+
+    def _fill(self, block: int, slot: int) -> None:
+        """Read ``block`` and its halo into ``slot``; a short read is a StoreError."""
         start = block * self.block_rows
         stop = min(self.total_rows, start + self.slot_rows)
-        rows = self._loader.submit(self.reader.read_rows, start, stop).result()
+        rows = self._readers.read_rows(start, stop)
+        where = f"block {block} (rows {start}..{stop})"
+        if len(rows) != stop - start:
+            raise StoreError(f"{where}: the store returned {len(rows)} rows, "
+                             f"expected {stop - start}")
+        if rows.shape[1:] != self.data.shape[1:]:
+            raise StoreError(f"{where}: the store returned rows of shape {rows.shape[1:]}, "
+                             f"expected {self.data.shape[1:]}")
         base = slot * self.slot_rows
         self.data[base:base + len(rows)] = rows
 

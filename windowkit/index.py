@@ -126,7 +126,7 @@ def iter_index(path: Path, batch_rows: int = _INDEX_ROW_GROUP,
         table = pq.ParquetFile(path, page_checksum_verification=True)
         yield from table.iter_batches(batch_size=batch_rows, columns=columns)
     except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
-        raise StoreError(f"{path}: cannot read window index table ({exc})") from None
+        raise StoreError(f"{path}: cannot read window index table ({exc})") from exc
 
 
 @dataclass(frozen=True)

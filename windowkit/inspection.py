@@ -27,6 +27,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {
         "path": str(store.path),
         "format": m.format,
+        "store_id": m.store_id,
         "dtype": m.dtype,
         "step_shape": list(m.step_shape),
         "columns": m.columns,
@@ -77,6 +78,7 @@ def render(summary: dict[str, Any]) -> str:
     lines = [
         ("store", summary["path"]),
         ("format", summary["format"]),
+        ("store id", summary["store_id"]),
         ("dtype", summary["dtype"]),
         ("step shape", str(tuple(summary["step_shape"]))),
         *([("columns", _names(summary["columns"]))] if summary["columns"] else []),

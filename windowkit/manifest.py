@@ -1,22 +1,56 @@
-"""The store manifest ``windowkit.json``: written last, read first (DESIGN §2)."""
+"""The store manifest ``windowkit.json``: written last (the commit point), read first.
+
+A store is untrusted input. :meth:`Manifest.read` validates the manifest
+against a schema (pydantic; exact types, ranges, and sizes consistent with each
+other and with the files it lists), requires every path in it to be relative,
+normalized and inside the store, and refuses a store whose files are symbolic
+links. Opening never writes.
+
+Every conversion gets a *store id*, a digest of everything the store's bytes
+depend on (sources, options, windowkit's version). Data files carry it where
+their format allows, and readers check it whenever they open files lazily
+(:class:`StoreGuard`), so a store replaced under a running reader is an error,
+never a mix of old and new files.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from windowkit.errors import StoreError
+import numpy as np
+from pydantic import Field, ValidationError, model_validator
+
+from windowkit._schema import (
+    MAX_BLOCK_BYTES,
+    MAX_SPAN,
+    MAX_STEP_ITEMS,
+    Count,
+    HexId,
+    Name,
+    Positive,
+    Sha256,
+    StorePath,
+    Strict,
+    describe_error,
+)
+from windowkit.errors import StoreError, StoreReplacedError
+from windowkit.formats import FORMATS
 from windowkit.spec import WindowSpec
 
 MANIFEST_NAME = "windowkit.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CHECKSUM = "sha256"
-
+MAX_MANIFEST_BYTES = 256 << 20
+#: Every dtype a store may hold (numpy names).
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64")
 
 _READ_BYTES = 1 << 20
 
@@ -32,18 +66,109 @@ def file_digest(path: Path, on_bytes: Callable[[int], object] | None = None) -> 
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class FileEntry:
+class FileEntry(Strict):
     """One file of the store, relative to the store root."""
 
-    path: str
-    bytes: int
-    sha256: str
+    path: StorePath
+    bytes: Count
+    sha256: Sha256
 
     @classmethod
     def of(cls, root: Path, relative: str) -> FileEntry:
         full = root / relative
-        return cls(relative, full.stat().st_size, file_digest(full))
+        return cls(path=relative, bytes=full.stat().st_size, sha256=file_digest(full))
+
+
+# -- the schema ---------------------------------------------------------------------------
+class _Window(Strict):
+    length: int = Field(ge=1, le=MAX_SPAN)
+    stride: int = Field(ge=1, le=MAX_SPAN)
+    sampling_rate: int = Field(ge=1, le=MAX_SPAN)
+    horizon: int = Field(ge=0, le=MAX_SPAN)
+
+
+class _Split(Strict):
+    windows: Count
+    index: StorePath
+    first_time: int | None = None
+    last_time: int | None = None
+
+
+class _Series(Strict):
+    count: Positive
+    too_short: Count
+    gap_skipped_windows: Count = 0
+    nan_skipped_windows: Count = 0
+    missing_rows: Count = 0
+    time_column: str | None = None
+    time_unit: Literal["", "ns", "days"] = ""
+    time_zone: str | None = None
+
+
+class _Statistics(Strict):
+    count: Count
+    mean: list[float]
+    std: list[float]
+    min: list[float]
+    max: list[float]
+
+
+class _Manifest(Strict):
+    format_version: Literal[2]
+    store_id: HexId
+    format: Literal["tfrecord", "zarr", "parquet"]
+    dtype: Literal[DTYPES]  # type: ignore[valid-type]
+    step_shape: tuple[int, ...] = Field(max_length=8)
+    columns: list[Name] | None
+    target_columns: list[Name] | None = None
+    window: _Window
+    total_rows: Count
+    block_rows: Positive
+    splits: dict[Name, _Split] = Field(min_length=1)
+    series: _Series
+    data: dict[str, Any]
+    normalization: _Statistics | None
+    options: dict[str, Any]
+    source_fingerprint: Sha256
+    files: list[FileEntry]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _Manifest:
+        items = int(np.prod(self.step_shape, dtype=np.int64))
+        if any(d < 1 for d in self.step_shape) or items > MAX_STEP_ITEMS:
+            raise ValueError(f"step_shape {list(self.step_shape)} must hold 1..{MAX_STEP_ITEMS} "
+                             "values per row")
+        row_bytes = np.dtype(self.dtype).itemsize * items
+        span = (self.window.length + self.window.horizon - 1) * self.window.sampling_rate + 1
+        if span > MAX_SPAN:
+            raise ValueError(f"a window spans {span} rows; at most {MAX_SPAN} are supported")
+        if (self.block_rows + span) * row_bytes > MAX_BLOCK_BYTES:
+            raise ValueError(f"block_rows {self.block_rows} of {row_bytes}-byte rows exceeds "
+                             f"{MAX_BLOCK_BYTES} bytes per block")
+        columns = 1 if not self.step_shape else self.step_shape[0]
+        if self.columns is not None and (not self.step_shape or len(self.columns) != columns
+                                         or len(set(self.columns)) != columns):
+            raise ValueError(f"columns must name each of the {columns} features once")
+        if self.target_columns is not None and (
+                not self.columns or not set(self.target_columns) <= set(self.columns)
+                or len(set(self.target_columns)) != len(self.target_columns)
+                or self.window.horizon == 0):
+            raise ValueError("target_columns must be distinct columns of a store with a horizon")
+        stats = self.normalization
+        if stats is not None and {len(stats.mean), len(stats.std), len(stats.min),
+                                  len(stats.max)} != {columns}:
+            raise ValueError(f"normalization statistics must have {columns} values each")
+        paths = [entry.path for entry in self.files]
+        if len(set(paths)) != len(paths):
+            raise ValueError("files lists a path twice")
+        listed = set(paths)
+        for name, split in self.splits.items():
+            if split.index not in listed:
+                raise ValueError(f"splits.{name}.index {split.index!r} is not in files")
+        if "series.parquet" not in listed:
+            raise ValueError("files does not list series.parquet")
+        return self
+
 
 
 @dataclass(frozen=True)
@@ -63,28 +188,52 @@ class Manifest:
     normalization: dict[str, Any] | None
     options: dict[str, Any]
     source_fingerprint: str
+    store_id: str
     files: list[FileEntry] = field(default_factory=list)
-    target_columns: list[str] | None = None  # y holds only these columns (DESIGN §1)
+    target_columns: list[str] | None = None  # y holds only these columns
     format_version: int = FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["window"] = self.window.to_dict()
         out["step_shape"] = list(self.step_shape)
+        out["files"] = [entry.model_dump() for entry in self.files]
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        data = dict(data)
-        version = data.get("format_version")
+    def parse(cls, raw: bytes, where: str) -> Manifest:
+        """A manifest from the bytes of ``windowkit.json``, validated (``where``
+        names the file in errors)."""
+        try:
+            version = json.loads(raw).get("format_version")
+        except (ValueError, AttributeError) as exc:
+            raise StoreError(f"{where}: manifest is not a JSON object ({exc})") from exc
         if version != FORMAT_VERSION:
-            raise StoreError(
-                f"store format version {version!r} is not supported (expected {FORMAT_VERSION})"
-            )
-        data["window"] = WindowSpec.from_dict(data["window"])
-        data["step_shape"] = tuple(data["step_shape"])
-        data["files"] = [FileEntry(**f) for f in data.get("files", [])]
-        return cls(**data)
+            raise StoreError(f"{where}: store format version {version!r} is not supported "
+                             f"(expected {FORMAT_VERSION}); convert the sources again")
+        try:
+            model = _Manifest.model_validate_json(raw)
+            data = FORMATS[model.format].data_model.model_validate(
+                model.data, context={"total_rows": model.total_rows,
+                                     "row_bytes": np.dtype(model.dtype).itemsize * int(
+                                         np.prod(model.step_shape, dtype=np.int64)),
+                                     "block_rows": model.block_rows,
+                                     "span": WindowSpec(**model.window.model_dump()).span,
+                                     "files": {entry.path for entry in model.files}})
+        except ValidationError as exc:
+            prefix = "data." if "model" in locals() else ""
+            raise StoreError(f"{where}: invalid manifest, {prefix}{describe_error(exc)}"
+                             ) from exc
+        return cls(
+            format=model.format, dtype=model.dtype, step_shape=tuple(model.step_shape),
+            columns=model.columns, target_columns=model.target_columns,
+            window=WindowSpec(**model.window.model_dump()), total_rows=model.total_rows,
+            block_rows=model.block_rows,
+            splits={name: split.model_dump() for name, split in model.splits.items()},
+            series=model.series.model_dump(exclude_unset=True), data=data.model_dump(),
+            normalization=model.normalization.model_dump() if model.normalization else None,
+            options=model.options, source_fingerprint=model.source_fingerprint,
+            store_id=model.store_id, files=list(model.files))
 
     def write(self, root: Path) -> None:
         """Write the manifest durably (temporary file, fsync, rename)."""
@@ -99,13 +248,89 @@ class Manifest:
 
     @classmethod
     def read(cls, root: Path) -> Manifest:
-        path = root / MANIFEST_NAME
-        if not root.exists():
-            raise StoreError(f"{root}: no such store")
-        if not path.exists():
-            raise StoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME})")
+        """The validated manifest of the store at ``root``; its files must not be links."""
+        manifest = cls.parse(read_manifest_bytes(root), str(root / MANIFEST_NAME))
+        refuse_links(root, [entry.path for entry in manifest.files])
+        return manifest
+
+
+def read_manifest_bytes(root: Path) -> bytes:
+    """The bytes of ``root/windowkit.json`` (a regular file, not a link)."""
+    path = root / MANIFEST_NAME
+    if not root.exists():
+        raise StoreError(f"{root}: no such store")
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise StoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise StoreError(f"{path}: is not a regular file (a link or a directory)")
+    if info.st_size > MAX_MANIFEST_BYTES:
+        raise StoreError(f"{path}: {info.st_size} bytes, larger than any manifest")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(MAX_MANIFEST_BYTES + 1)
+
+
+def refuse_links(root: Path, paths: list[str]) -> None:
+    """Raise if any of ``paths`` (relative to ``root``) or a directory on the way
+    is a symbolic link: a store never holds links, and one could lead outside."""
+    seen: set[str] = set()
+    for relative in paths:
+        parts = relative.split("/")
+        for depth in range(1, len(parts) + 1):
+            step = "/".join(parts[:depth])
+            if step in seen:
+                continue
+            seen.add(step)
+            try:
+                mode = os.lstat(root / step).st_mode
+            except FileNotFoundError:
+                break  # reported by verify, and by a reader that needs it
+            if stat.S_ISLNK(mode):
+                raise StoreError(f"{root / step}: is a symbolic link; a store's files are "
+                                 "never links (one could lead outside the store)")
+
+
+def read_store_id(root: Path) -> str | None:
+    """The store id in ``root``'s manifest, without validating the rest (None if
+    there is no readable manifest)."""
+    try:
+        value = json.loads(read_manifest_bytes(root)).get("store_id")
+    except (OSError, ValueError, AttributeError, StoreError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+class StoreGuard:
+    """Notices that the store at ``root`` was replaced while it is being read.
+
+    Readers call :meth:`check` after opening (or reading) a data file. A
+    replaced store is a new directory: when the root's identity changed, the
+    manifest's store id must still be the one the reader started with. Pickles
+    as path and id; a new process checks the id on first use.
+    """
+
+    def __init__(self, root: Path, store_id: str) -> None:
+        self.root = root
+        self.store_id = store_id
+        self._identity: tuple[int, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_identity": None}
+
+    def check(self) -> None:
         try:
-            with open(path) as fh:
-                return cls.from_dict(json.load(fh))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise StoreError(f"{path}: manifest is unreadable ({exc})") from None
+            info = os.stat(self.root)
+            identity = (info.st_dev, info.st_ino)
+        except OSError:
+            identity = None
+        if identity is not None and identity == self._identity:
+            return
+        current = read_store_id(self.root)
+        if current != self.store_id:
+            now = f"store id {current[:12]}" if current else "no store"
+            raise StoreReplacedError(
+                f"{self.root}: the store was replaced while it was being read (opened as "
+                f"store id {self.store_id[:12]}, now {now}); open it again")
+        self._identity = identity

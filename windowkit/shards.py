@@ -14,11 +14,12 @@ import itertools
 import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import Piece, ShardTask
@@ -81,13 +82,45 @@ def true_runs(mask: np.ndarray) -> np.ndarray:
     return edges.reshape(-1, 2).astype(np.int64)
 
 
+def _source_extent(layout: DataLayout, shard: ShardTask) -> tuple[int, int]:
+    """The global rows a shard is made from: its own, and the halo rows after them
+    that a format may copy (TFRecord)."""
+    stop = shard.first_row + shard.rows
+    return shard.first_row, min(layout.total_rows, stop + layout.window.span - 1)
+
+
+def _read_global(sources: list[Series], series: SeriesLayout, start: int, stop: int,
+                 chunk_rows: int) -> Iterator[np.ndarray]:
+    """Global rows ``[start, stop)`` from the sources, in pieces of at most
+    ``chunk_rows`` rows that never cross a series."""
+    position = start
+    while position < stop:
+        sid = int(np.searchsorted(series.row_offset, position, side="right")) - 1
+        local = position - int(series.row_offset[sid])
+        end = min(stop, int(series.row_offset[sid] + series.rows[sid]), position + chunk_rows)
+        yield sources[sid].read(local, local + end - position)
+        position = end
+
+
+def source_digest(sources: list[Series], series: SeriesLayout, layout: DataLayout,
+                  shard: ShardTask) -> str:
+    """A digest of the source rows a shard is made from (read again, in blocks)."""
+    digest = xxhash.xxh3_128()
+    for rows in _read_global(sources, series, *_source_extent(layout, shard),
+                             chunk_rows=layout.block_rows):
+        digest.update(np.ascontiguousarray(rows).data)
+    return digest.hexdigest()
+
+
 def iter_pieces(sources: list[Series], series: SeriesLayout, layout: DataLayout,
                 shard: ShardTask, stats: RunningStats,
                 on_rows: Callable[[int], None] | None = None,
-                missing: list[np.ndarray] | None = None) -> Iterator[Piece]:
+                missing: list[np.ndarray] | None = None,
+                digest: Any = None) -> Iterator[Piece]:
     """The shard's rows, read from the sources piece by piece. Rows holding NaN
     or infinity are an error, or with a ``missing`` list they are kept, left
-    out of the statistics and appended to it as runs of global rows."""
+    out of the statistics and appended to it as runs of global rows. ``digest``
+    (an xxhash object) sees every row read."""
     position, stop, number = shard.first_row, shard.first_row + shard.rows, shard.first_piece
     while position < stop:
         sid = int(np.searchsorted(series.row_offset, position, side="right")) - 1
@@ -96,6 +129,8 @@ def iter_pieces(sources: list[Series], series: SeriesLayout, layout: DataLayout,
         end = min(stop, block_end, series_end)
         local = position - int(series.row_offset[sid])
         rows = sources[sid].read(local, local + end - position)
+        if digest is not None:
+            digest.update(np.ascontiguousarray(rows).data)
         if missing is None:
             check_finite(rows, sources[sid], local)
             bad = None
@@ -122,19 +157,22 @@ class ShardResult:
     stats: RunningStats
     rows: int
     files: list[FileEntry]  # the shard's data files, on disk (fsynced), with checksums
+    source_digest: str  # of the source rows the shard was made from (see source_digest)
     # runs (start, stop) of global rows holding NaN or infinity, kept with nan="skip"
     missing: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
 
     def to_marker(self) -> dict[str, Any]:
         """A JSON-able record of the finished shard (exact: statistics included)."""
         return {"summary": self.summary, "stats": self.stats.state(), "rows": self.rows,
-                "files": [asdict(f) for f in self.files], "missing": self.missing.tolist()}
+                "files": [f.model_dump() for f in self.files],
+                "source_digest": self.source_digest, "missing": self.missing.tolist()}
 
     @classmethod
     def from_marker(cls, marker: dict[str, Any]) -> ShardResult:
         missing = np.asarray(marker.get("missing") or [], dtype=np.int64).reshape(-1, 2)
         return cls(marker["summary"], RunningStats.from_state(marker["stats"]),
-                   int(marker["rows"]), [FileEntry(**f) for f in marker["files"]], missing)
+                   int(marker["rows"]), [FileEntry(**f) for f in marker["files"]],
+                   str(marker.get("source_digest", "")), missing)
 
 
 def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
@@ -143,20 +181,25 @@ def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
                 skip_missing: bool = False) -> ShardResult:
     stats = RunningStats()
     missing: list[np.ndarray] | None = [] if skip_missing else None
+    digest = xxhash.xxh3_128()
 
     def read_series(sid: int, start: int, stop: int) -> np.ndarray:
         return sources[sid].read(start, stop)
 
     storage = get_format(format_name)
-    pieces = iter_pieces(sources, series, layout, shard, stats, on_rows, missing)
+    pieces = iter_pieces(sources, series, layout, shard, stats, on_rows, missing, digest)
     summary = storage.write_shard(data_dir, layout, shard, pieces, read_series)
+    first, last = _source_extent(layout, shard)  # then the rows after it (halos)
+    for rows in _read_global(sources, series, first + shard.rows, last,
+                             chunk_rows=layout.block_rows):
+        digest.update(np.ascontiguousarray(rows).data)
     root = data_dir.parent
     files = []
     for name in storage.shard_files(data_dir, layout, shard):
         fsync(data_dir / name)
         files.append(FileEntry.of(root, str((data_dir / name).relative_to(root))))
     runs = np.concatenate(missing) if missing else np.empty((0, 2), dtype=np.int64)
-    return ShardResult(summary, stats, shard.rows, files, runs)
+    return ShardResult(summary, stats, shard.rows, files, digest.hexdigest(), runs)
 
 
 _worker_sources: list[Series] = []

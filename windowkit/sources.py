@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import xxhash
 
 from windowkit.errors import SourceError, SourceNotFoundError
 
 SourceLike = str | os.PathLike[str] | np.ndarray | Sequence[Any] | Mapping[str, Any]
 
 _GLOB_CHARS = set("*?[")
+_DIGEST_BYTES = 16 << 20  # rows hashed at a time
 
 
 class Series(Protocol):
@@ -165,7 +167,21 @@ class ArraySeries:
         return tuple(int(d) for d in self.array.shape[1:])
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        return np.ascontiguousarray(self.array[start:stop], dtype=self.dtype)
+        rows = np.ascontiguousarray(self.array[start:stop], dtype=self.dtype)
+        if len(rows) != stop - start:
+            raise SourceError(f"{self.where}: returned {len(rows)} rows for rows "
+                              f"{start}..{stop} (it says it has {self.rows})")
+        return rows
+
+    def content_digest(self) -> str:
+        """A digest of every row (read in bounded pieces): what identifies an
+        array's content when resuming a conversion."""
+        digest = xxhash.xxh3_128()
+        row_bytes = max(1, self.dtype.itemsize * int(np.prod(self.step_shape, dtype=np.int64)))
+        step = max(1, _DIGEST_BYTES // row_bytes)
+        for start in range(0, self.rows, step):
+            digest.update(self.read(start, min(self.rows, start + step)).data)
+        return digest.hexdigest()
 
 
 def _expand_path(path: str) -> list[str]:
@@ -186,6 +202,21 @@ def _open_path(path: str) -> Series:
     raise SourceError(
         f"{path}: unsupported source type {suffix or '(no extension)'!r}; expected .npy"
     )
+
+
+def source_files(source: Any) -> list[str]:
+    """The files a source reads (paths, globs expanded, memory-mapped arrays'
+    files), so that a conversion never writes over its own input."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        return sorted(globlib.glob(path)) if any(c in _GLOB_CHARS for c in path) else [path]
+    if isinstance(source, np.memmap):
+        return [str(source.filename)] if source.filename else []
+    if isinstance(source, Mapping):
+        return [f for value in source.values() for f in source_files(value)]
+    if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
+        return [f for item in source for f in source_files(item)]
+    return []
 
 
 def open_sources(source: SourceLike) -> list[Series]:

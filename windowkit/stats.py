@@ -73,9 +73,13 @@ class RunningStats:
         return stats
 
     def to_dict(self) -> dict[str, Any] | None:
+        """Count, mean, std, min and max per column; None without rows, or when
+        they overflow float64 (values near its largest): never a NaN or inf."""
         if self.mean is None or self.m2 is None or self.min is None or self.max is None:
             return None
         std = np.sqrt(self.m2 / self.count)
+        if not (np.isfinite(std).all() and np.isfinite(self.mean).all()):
+            return None
         return {
             "count": self.count,
             "mean": self.mean.tolist(),

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from windowkit.errors import InvalidSpecError, StoreError
+from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError
 from windowkit.formats import RowReader, get_format
+from windowkit.formats.base import ReaderSetup
 from windowkit.gather import DEFAULT_CACHE_BYTES, WindowGather
 from windowkit.index import WindowRuns, iter_index
-from windowkit.manifest import Manifest
+from windowkit.manifest import Manifest, StoreGuard
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -28,25 +29,41 @@ Windows = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 def open_store(path: str | os.PathLike[str]) -> Store:
-    """Open a store of any format written by :func:`windowkit.convert`."""
+    """Open a store of any format written by :func:`windowkit.convert`.
+
+    The store is read as untrusted input: its manifest is validated first
+    (types, ranges, paths inside the store, no symbolic links), and opening
+    never writes."""
     return Store(Path(path))
 
 
 class Store:
-    """A windowkit store on disk. Cheap to open; pickles (no open handles)."""
+    """A windowkit store on disk. Cheap to open; pickles (no open handles).
 
-    def __init__(self, path: Path) -> None:
+    Readers notice when the store is replaced while they read it (e.g. by
+    ``convert --overwrite``) and raise :class:`windowkit.StoreReplacedError`,
+    in this process and in worker processes, which check the store id when
+    they open it again.
+    """
+
+    def __init__(self, path: Path, *, expected_id: str | None = None) -> None:
         self.path = Path(path)
         self.manifest = Manifest.read(self.path)
+        if expected_id is not None and self.manifest.store_id != expected_id:
+            raise StoreReplacedError(
+                f"{self.path}: the store was replaced while it was being read (opened as "
+                f"store id {expected_id[:12]}, now {self.manifest.store_id[:12]}); "
+                "open it again")
+        self.guard = StoreGuard(self.path, self.manifest.store_id)
         self._lock = threading.Lock()
         self._runs: dict[str, WindowRuns] = {}
         self._gather: WindowGather | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
+        return {"path": self.path, "store_id": self.manifest.store_id}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+        self.__init__(state["path"], expected_id=state["store_id"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -97,14 +114,21 @@ class Store:
     def series_table(self) -> Any:
         """``series.parquet`` as a pyarrow Table (one row per series)."""
         path = self.path / "series.parquet"
+        count = self.manifest.series["count"]
         try:
             table = pq.ParquetFile(path, page_checksum_verification=True).read()
+            rows = table.column("rows").to_numpy().astype(np.int64)
+            offsets = table.column("row_offset").to_numpy().astype(np.int64)
             missing = {"series", "key", "rows", "row_offset", "windows"} - set(table.column_names)
         except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
-            raise StoreError(f"{path}: cannot read ({exc})") from None
-        if missing or len(table) != self.manifest.series["count"]:
-            raise StoreError(f"{path}: does not describe the store's "
-                             f"{self.manifest.series['count']} series")
+            raise StoreError(f"{path}: cannot read ({exc})") from exc
+        self.guard.check()
+        if missing or len(table) != count:
+            raise StoreError(f"{path}: does not describe the store's {count} series")
+        if (rows.min() < 1 or not np.array_equal(offsets, np.cumsum(rows) - rows)
+                or int(rows.sum()) != self.manifest.total_rows):
+            raise StoreError(f"{path}: series rows and offsets do not add up to the store's "
+                             f"{self.manifest.total_rows} rows")
         return table
 
     # -- the window index -------------------------------------------------------------
@@ -126,6 +150,7 @@ class Store:
                     row_offset=table.column("row_offset").to_numpy(),
                     series_rows=table.column("rows").to_numpy(), span=self.spec.span,
                 )
+                self.guard.check()
                 if self._runs[split].total != self.num_windows(split):
                     raise StoreError(
                         f"{self.path}: index of split {split!r} holds "
@@ -137,9 +162,11 @@ class Store:
     # -- reading windows --------------------------------------------------------------
     def row_reader(self) -> RowReader:
         m = self.manifest
-        return get_format(m.format).open_reader(
-            self.path / "data", m.data, dtype=self.dtype, step_shape=self.step_shape,
-            block_rows=m.block_rows)
+        setup = ReaderSetup(dtype=self.dtype, step_shape=self.step_shape,
+                            block_rows=m.block_rows, total_rows=m.total_rows,
+                            span=self.spec.span, check_store=self.guard.check,
+                            store_id=m.store_id)
+        return get_format(m.format).open_reader(self.path / "data", m.data, setup)
 
     def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
         """A new gatherer with its own block cache of ``cache_bytes``."""
@@ -150,7 +177,8 @@ class Store:
     def normalizer(self) -> Normalizer:
         stats = self.manifest.normalization
         if stats is None:
-            raise StoreError(f"{self.path}: store has no normalization statistics")
+            raise StoreError(f"{self.path}: store has no normalization statistics (no "
+                             "training rows, or values whose statistics overflow float64)")
         return Normalizer(stats, step_shape=self.step_shape, dtype=self.dtype)
 
     def windows(self, split: str, positions: Any, *, normalize: bool = False) -> Windows:

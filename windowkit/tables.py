@@ -135,9 +135,13 @@ class StagedSeries:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         width = int(np.prod(self.step_shape, dtype=np.int64))
-        rows = np.memmap(self.path, dtype=self.dtype, mode="r",
-                         offset=(self.first_row + start) * width * self.dtype.itemsize,
-                         shape=(stop - start, *self.step_shape))
+        try:
+            rows = np.memmap(self.path, dtype=self.dtype, mode="r",
+                             offset=(self.first_row + start) * width * self.dtype.itemsize,
+                             shape=(stop - start, *self.step_shape))
+        except ValueError as exc:  # the staged file is shorter than the rows asked
+            raise SourceError(f"{self.where}: staged rows {start}..{stop} cannot be read "
+                              f"({exc})") from exc
         return np.array(rows)
 
 
@@ -442,6 +446,36 @@ def _identify(source: Any) -> tuple[str, str]:
     except OSError:
         return path, path
     return path, f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def estimate_staged_bytes(source: Any, options: TableOptions) -> int:
+    """About what staging ``source`` and then converting it writes, at most: the
+    staged values and times (8 bytes each) and the store's rows (a little more
+    than the values). Parquet files and DataFrames know their rows; a CSV file's
+    are extrapolated from its first block."""
+    if not isinstance(source, (str, os.PathLike)):
+        rows, columns = len(source), len(source.columns)
+    else:
+        path = os.fspath(source)
+        try:
+            if Path(path).suffix.lower() == ".csv":
+                from pyarrow import csv
+
+                reader = csv.open_csv(path, read_options=csv.ReadOptions(
+                    block_size=_CSV_BLOCK_BYTES))
+                first = reader.read_next_batch()
+                columns = first.num_columns
+                sample = min(os.path.getsize(path), _CSV_BLOCK_BYTES)
+                rows = int(os.path.getsize(path) / max(1, sample) * max(1, first.num_rows)) + 1
+            else:
+                import pyarrow.parquet as pq
+
+                meta = pq.ParquetFile(path).metadata
+                rows, columns = meta.num_rows, meta.num_columns
+        except (OSError, pa.ArrowInvalid, StopIteration):
+            return 0  # unreadable or empty: staging says why
+    values = rows * len(options.columns) if options.columns else rows * columns
+    return int(values * 8 * 2.3) + rows * 8 + (16 << 20)
 
 
 def _stage(batches: Iterable[pa.RecordBatch], stager: _Stager, name: str) -> list[StagedSeries]:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError
+from windowkit.errors import InvalidSpecError, StoreError
 from windowkit.formats.base import RowReader
 from windowkit.index import WindowRuns
 from windowkit.order import num_batches
@@ -157,6 +157,12 @@ class GroupLoader:
         offsets = (np.repeat(run_offset[:-1] - lo, ends - heads) + blocks * size).astype(np.int64)
         with self._lock:
             parts = [self.reader.read_rows(int(a), int(b)) for a, b in zip(lo, hi, strict=True)]
+        for k, part in enumerate(parts):  # a short read would shift every later block
+            if len(part) != hi[k] - lo[k]:
+                first, last = int(blocks[heads[k]]), int(blocks[ends[k] - 1])
+                which = f"block {first}" if first == last else f"blocks {first}..{last}"
+                raise StoreError(f"{which} (rows {lo[k]}..{hi[k]}): the store returned "
+                                 f"{len(part)} rows, expected {hi[k] - lo[k]}")
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return rows, offsets
 

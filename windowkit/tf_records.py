@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from windowkit.formats.base import store_tag
 from windowkit.formats.tfrecord_rows import TFRecordRowReader
 from windowkit.tf_data import BlockWindows, batches_from_groups, default_group
 
@@ -32,8 +33,9 @@ MAX_CYCLE_LENGTH = 4  # shards read at once when shuffling
 
 
 def _decoded_type(dtype: tf.DType) -> tf.DType:
-    """The type ``decode_raw`` reads ``dtype`` as: itself where the op supports it
-    (with ``fixed_length``), else an integer of the same size to bitcast."""
+    """The type ``decode_raw`` reads ``dtype`` as: itself where the op's CPU kernel
+    supports it (with ``fixed_length``), else an unsigned or signed integer of the
+    same size (see :func:`_from_raw`)."""
     import tensorflow as tf
 
     supported = {tf.float32, tf.float64, tf.bfloat16, tf.int64, tf.int32, tf.int16, tf.int8,
@@ -41,6 +43,19 @@ def _decoded_type(dtype: tf.DType) -> tf.DType:
     if dtype in supported:
         return dtype
     return {1: tf.uint8, 2: tf.uint16, 4: tf.int32, 8: tf.int64}[dtype.size]
+
+
+def _from_raw(raw: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """``raw`` (decoded as ``_decoded_type(dtype)``) as ``dtype``, bit for bit:
+    a bitcast (float16, uint32, uint64), or for bool, which ``tf.bitcast``
+    refuses, a comparison of its bytes (NumPy writes bools as bytes 0 and 1)."""
+    import tensorflow as tf
+
+    if raw.dtype == dtype:
+        return raw
+    if dtype == tf.bool:
+        return tf.not_equal(raw, tf.constant(0, raw.dtype))
+    return tf.bitcast(raw, dtype)
 
 
 def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool, seed: int,
@@ -62,15 +77,22 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
     dtype = tf.as_dtype(store.dtype)
     raw_dtype = _decoded_type(dtype)
     features = {"record": tf.io.FixedLenFeature([], tf.int64),
+                "store": tf.io.FixedLenFeature([], tf.int64),
                 "data": tf.io.FixedLenFeature([], tf.string)}
+    tag = store_tag(manifest.store_id)
+    replaced = (f"{store.path}: the store was replaced while it was being read (a record "
+                f"of another store, expected store tag {tag}); open it again")
 
     def decode_group(serialized: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Rows of a group of records, and the window starts (rows) cut from them."""
         parsed = tf.io.parse_example(serialized, features)
+        same_store = tf.debugging.assert_equal(
+            parsed["store"], tf.constant(tag, tf.int64), message=replaced)
+        with tf.control_dependencies([same_store]):
+            parsed = {name: tf.identity(value) for name, value in parsed.items()}
         raw = tf.io.decode_raw(parsed["data"], raw_dtype, little_endian=True,
                                fixed_length=slot_bytes)
-        rows = tf.reshape(tf.bitcast(raw, dtype) if raw_dtype != dtype else raw,
-                          [-1, *step_shape])
+        rows = tf.reshape(_from_raw(raw, dtype), [-1, *step_shape])
         ids = parsed["record"]
         starts = windows.starts(ids, tf.range(tf.size(ids, out_type=tf.int64)) * slot_rows)
         if shuffle:

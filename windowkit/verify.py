@@ -1,8 +1,10 @@
 """``windowkit verify``: re-check a store against its manifest.
 
-Every file the manifest lists must exist with its recorded size and SHA-256,
-and no other file may be there; the data must hold the manifest's rows and
-every index table's windows must lie inside their series.
+The manifest must pass the schema every reader checks (types, ranges, paths
+inside the store, no links); every file it lists must exist with its recorded
+size and SHA-256, and no other file may be there; the data must hold the
+manifest's rows and every index table's windows must lie inside their series.
+Nothing is written, and no link is followed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pyarrow.parquet as pq
 from windowkit._progress import progress_bar
 from windowkit.errors import WindowkitError
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
+from windowkit.workspace import walk_files
 
 
 def _stored_rows(root: Path, manifest: Manifest) -> int:
@@ -42,8 +45,12 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> lis
         return [str(exc)]
     problems: list[str] = []
     listed = {entry.path: entry for entry in manifest.files}
-    present = {str(p.relative_to(root)) for p in root.rglob("*")
-               if p.is_file() and p.name != MANIFEST_NAME}
+    present = set()
+    for relative, is_link in walk_files(root):
+        if is_link:
+            problems.append(f"{root / relative}: is a symbolic link (a store holds none)")
+        elif relative != MANIFEST_NAME:
+            present.add(relative)
     for extra in sorted(present - set(listed)):
         problems.append(f"{root / extra}: file is not in the manifest")
     total = sum(entry.bytes for entry in manifest.files)

@@ -1,36 +1,54 @@
-"""Where a store is built before it is published: atomic, locked, resumable.
+"""Where a store is built before it is published: atomic, locked, resumable, and
+careful with everything windowkit did not write.
 
 A conversion writes into ``.{name}.windowkit-partial`` beside the target. The
-directory is locked (``flock``) while a conversion runs, so a second one for
-the same target fails fast; the kernel drops the lock when the process dies,
-however it dies. ``_resume/plan.json`` records what is being built (a digest
-of the sources' fingerprint, the options and the shard plan), and each
-finished shard leaves a marker with its summary, statistics and the size and
-SHA-256 of each of its files, written only after those files are on disk
-(fsync). Re-running the same conversion after an interruption reuses every
-shard whose files still match their marker and writes the rest; output is
-deterministic, so the result is byte-identical to an uninterrupted run. A
-changed source or changed options start over. Publishing fsyncs every file,
-removes ``_resume``, and renames the directory into place.
+workspace is made by windowkit (a marker file says so; a directory of that name
+without it is refused, never emptied), is never a symbolic link (refused, and
+opened with ``O_NOFOLLOW``), and is locked (``flock``) while a conversion runs,
+so a second one for the same target fails fast; the kernel drops the lock when
+the process dies, however it dies.
+
+``_resume/plan.json`` records what is being built (a digest of the sources'
+fingerprint, the options and the shard plan), and each finished shard leaves a
+marker with its summary, statistics, the size and SHA-256 of each of its files
+and a digest of the source rows it was made from, written only after those
+files are on disk (fsync). Re-running the same conversion reuses every shard
+whose files still match and whose source rows are unchanged (the caller checks
+those); a changed source or changed options start over. An error while
+resuming (a read error, the target appearing) keeps the finished shards.
+
+Publishing checks the target again, removes the resume records, fsyncs every
+file and renames the workspace into place. ``--overwrite`` replaces only a
+windowkit store (every file in it is one its manifest lists) or an empty
+directory; the old store's files are deleted by name, nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import shutil
+import stat
+import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from windowkit.errors import StoreError
-from windowkit.manifest import FileEntry
+from windowkit._schema import check_store_path
+from windowkit.errors import StoreError, StoreExistsError
+from windowkit.manifest import MANIFEST_NAME, FileEntry
 
 log = logging.getLogger("windowkit")
 
 RESUME_DIR = "_resume"
+STAGING_DIR = "_staging"  # table sources, staged anew by every run
+MARKER = ".windowkit-workspace"  # written first: windowkit made this directory
 PLAN_FILE = "plan.json"
+_INTERNAL = {RESUME_DIR, STAGING_DIR, MARKER}
 
 
 def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
@@ -45,7 +63,7 @@ def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
 
 def fsync(path: Path) -> None:
     """Flush a file's or a directory's (its entries') writes to disk."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if path.is_dir() else 0))
     try:
         os.fsync(fd)
     finally:
@@ -53,25 +71,112 @@ def fsync(path: Path) -> None:
 
 
 def files_match(root: Path, entries: list[FileEntry]) -> bool:
-    """Whether every file exists with its recorded size and SHA-256."""
+    """Whether every file exists with its recorded size and SHA-256. A missing or
+    damaged file is ``False``; any other read error is raised (a transient error
+    must not make finished work look damaged)."""
     for entry in entries:
         path = root / entry.path
         try:
-            if path.stat().st_size != entry.bytes:
-                return False
-        except OSError:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(info.st_mode) or info.st_size != entry.bytes:
             return False
         if FileEntry.of(root, entry.path).sha256 != entry.sha256:
             return False
     return True
 
 
+def walk_files(root: Path) -> Iterable[tuple[str, bool]]:
+    """``(relative path, is a link)`` of every file and link under ``root``,
+    never descending into a linked directory."""
+    for directory, dirs, names in os.walk(root):
+        for name in [*names, *(d for d in dirs if os.path.islink(os.path.join(directory, d)))]:
+            full = os.path.join(directory, name)
+            yield os.path.relpath(full, root).replace(os.sep, "/"), os.path.islink(full)
+
+
+# -- the target ------------------------------------------------------------------------
+def store_files(directory: Path) -> set[str] | None:
+    """The files a windowkit store at ``directory`` consists of, by its manifest
+    (itself included); None when it has no manifest that names its files."""
+    manifest = directory / MANIFEST_NAME
+    try:
+        if not stat.S_ISREG(os.lstat(manifest).st_mode):
+            return None
+        data = json.loads(manifest.read_bytes())
+        paths = {check_store_path(entry["path"]) for entry in data["files"]}
+        if not isinstance(data["format_version"], int):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {*paths, MANIFEST_NAME}
+
+
+def _foreign_content(directory: Path) -> str | None:
+    """What in ``directory`` windowkit did not write (None: it is a store whose
+    every file its manifest lists)."""
+    ours = store_files(directory)
+    if ours is None:
+        entries = sorted(os.listdir(directory))
+        more = f" and {len(entries) - 1} more entries" if len(entries) > 1 else ""
+        return f"it holds {entries[0]!r}{more} and no windowkit manifest"
+    for relative, is_link in walk_files(directory):
+        if is_link or relative not in ours:
+            return f"it holds {relative!r}, which windowkit did not write"
+    return None
+
+
+def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> None:
+    """Refuse a target that is a link, holds a source, or is not empty and may
+    not be replaced: only a windowkit store or an empty directory may be, with
+    ``overwrite``. Nothing is changed."""
+    if os.path.islink(out):
+        raise StoreExistsError(f"{out}: is a symbolic link; windowkit writes a store only "
+                               "to a real directory (it follows no links)")
+    real_out = os.path.realpath(out)
+    for source in sources:
+        real = os.path.realpath(source)
+        if real == real_out or real.startswith(real_out.rstrip(os.sep) + os.sep):
+            raise StoreExistsError(f"{out}: holds the source {source}; write the store "
+                                   "somewhere else (--out)")
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise StoreExistsError(f"{out}: exists and is not a directory")
+    if not any(os.scandir(out)):
+        return
+    if not overwrite:
+        raise StoreExistsError(f"{out}: target exists and is not empty; "
+                               "pass overwrite=True (--overwrite) to replace it")
+    problem = _foreign_content(out)
+    if problem is not None:
+        raise StoreExistsError(f"{out}: --overwrite replaces only a windowkit store or an "
+                               f"empty directory, and {problem}; nothing was changed")
+
+
+def _remove_store(directory: Path, files: set[str]) -> None:
+    """Delete a retired store's files by name, then its empty directories; keep
+    (and name) anything else that appeared in it."""
+    for relative in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(directory / relative)
+    for path, _, _ in sorted(os.walk(directory), key=lambda item: -len(item[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    if os.path.lexists(directory):
+        log.warning("%s: kept: the replaced store held files windowkit did not write",
+                    directory)
+
+
+# -- the workspace -----------------------------------------------------------------------
 class Workspace:
     """The partial store of one conversion target."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.root = out.parent / f".{out.name}.windowkit-partial"
+        self.inherited = False  # it held finished shards of an earlier run
         self._fd: int | None = None
         self._created_parents: list[Path] = []
 
@@ -79,12 +184,28 @@ class Workspace:
     def _resume(self) -> Path:
         return self.root / RESUME_DIR
 
+    @property
+    def staging(self) -> Path:
+        """A directory for staged table rows, emptied by every run."""
+        return self.root / STAGING_DIR
+
     def lock(self) -> None:
         """Create (or find) the workspace and lock it, or fail at once."""
-        missing = [p for p in self.root.parents if not p.exists()]
+        if os.path.islink(self.root):
+            raise StoreError(f"{self.root}: the workspace is a symbolic link; windowkit "
+                             "follows no links (remove it and run again)")
+        missing = [p for p in self.root.parents if not os.path.lexists(p)]
+        self.root.parent.mkdir(parents=True, exist_ok=True)
         self._created_parents = missing  # removed again by discard() when left empty
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root)
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise StoreError(f"{self.root}: the workspace is a symbolic link or not a "
+                                 "directory; windowkit follows no links") from exc
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -92,100 +213,122 @@ class Workspace:
             raise StoreError(f"{self.out}: another windowkit convert is writing this store "
                              f"(its workspace {self.root} is locked)") from None
         self._fd = fd
+        entries = set(os.listdir(self.root))
+        # without the marker: empty, or a finished store whose rename was interrupted
+        if entries and MARKER not in entries and _foreign_content(self.root) is not None:
+            self.release()
+            raise StoreExistsError(f"{self.root}: exists and was not made by windowkit (it "
+                                   f"holds {sorted(entries)[0]!r}); move it away and run again")
+        if MARKER not in entries:
+            marker = os.open(self.root / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                             | os.O_NOFOLLOW, 0o644)
+            os.close(marker)
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
-    def open(self, plan_key: str) -> dict[int, dict[str, Any]] | None:
-        """The markers of the finished shards (by number) when the workspace
-        holds an interrupted conversion of the same plan; else ``None``, after
-        emptying it."""
-        plan = self._resume / PLAN_FILE
-        try:
-            recorded = json.loads(plan.read_text())
-            prepared = [str(name) for name in recorded["prepared"]]
-            recorded = recorded["plan"]
-        except (OSError, ValueError, KeyError, TypeError):
-            recorded, prepared = None, []
-        if recorded == plan_key:
-            done = self._finished_shards()
-            keep = set(prepared) | {f["path"] for m in done.values() for f in m["files"]}
-            self._sweep(keep)
-            return done
-        if recorded is not None:
-            log.info("%s: the sources or options changed since the interrupted conversion; "
-                     "starting over", self.out)
-        self._empty()
-        return None
+    def prepare_staging(self) -> Path:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir()
+        return self.staging
 
-    def _finished_shards(self) -> dict[int, dict[str, Any]]:
+    def finished_shards(self, plan_key: str) -> dict[int, dict[str, Any]] | None:
+        """The markers of the finished shards whose files are intact (by number)
+        when the workspace holds an interrupted conversion of the same plan, else
+        ``None``. Nothing is deleted."""
+        try:
+            recorded = json.loads((self._resume / PLAN_FILE).read_text())["plan"]
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            recorded = None
+        if recorded != plan_key:
+            if self.resumable:
+                log.info("%s: the sources or options changed since the interrupted "
+                         "conversion; starting over", self.out)
+            return None
         done: dict[int, dict[str, Any]] = {}
         for path in sorted(self._resume.glob("shard-*.json")):
             try:
                 marker = json.loads(path.read_text())
                 files = [FileEntry(**f) for f in marker["files"]]
                 number = int(marker["number"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+            except (ValueError, KeyError, TypeError):
+                continue  # a damaged marker: that shard is written again
             if files_match(self.root, files):
                 done[number] = marker
+        self.inherited = bool(done)
         return done
 
-    def _sweep(self, keep: set[str]) -> None:
-        """Delete every file but ``keep`` (and the resume records): what an
-        interrupted run left half-written (temporary files, unfinished shards)."""
-        for path in list(self.root.rglob("*")):
-            relative = path.relative_to(self.root)
-            if relative.parts[0] != RESUME_DIR and str(relative) not in keep and (
-                    path.is_file() or path.is_symlink()):
-                path.unlink()
+    def keep_only(self, markers: dict[int, dict[str, Any]]) -> None:
+        """Resume: delete every file an interrupted run left half-written, keeping
+        the format's prepared files and the finished shards' files."""
+        prepared = json.loads((self._resume / PLAN_FILE).read_text())["prepared"]
+        keep = {str(name) for name in prepared} | {
+            f["path"] for m in markers.values() for f in m["files"]}
+        for relative in self.files():
+            if relative not in keep:
+                os.unlink(self.root / relative)
+
+    def start_over(self) -> None:
+        """Empty the workspace (keeping the staged rows) for a fresh conversion."""
+        self.inherited = False
+        for child in os.scandir(self.root):
+            if child.name in (STAGING_DIR, MARKER):
+                continue
+            if child.is_dir(follow_symlinks=False):
+                shutil.rmtree(child.path)
+            else:
+                os.unlink(child.path)
+
+    def files(self) -> list[str]:
+        """The store's files so far (relative, sorted), without windowkit's own records."""
+        return sorted(relative for relative, _ in walk_files(self.root)
+                      if relative.split("/")[0] not in _INTERNAL)
 
     def start(self, plan_key: str) -> None:
         """Record the plan and the files written so far (the format's empty
         store): from now on the workspace can be resumed."""
-        prepared = sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*")
-                          if p.is_file())
         self._resume.mkdir(exist_ok=True)
-        _write_json_durably(self._resume / PLAN_FILE, {"plan": plan_key, "prepared": prepared})
+        _write_json_durably(self._resume / PLAN_FILE,
+                            {"plan": plan_key, "prepared": self.files()})
 
     def shard_finished(self, number: int, marker: dict[str, Any]) -> None:
         _write_json_durably(self._resume / f"shard-{number:05d}.json",
                             {**marker, "number": number})
 
-    def _empty(self) -> None:
-        for child in self.root.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-
-    def publish(self, overwrite: bool) -> None:
-        """Make every file durable, then rename the workspace to the target."""
-        shutil.rmtree(self._resume, ignore_errors=True)
+    def publish(self, *, overwrite: bool) -> None:
+        """Check the target again, make every file durable, rename the workspace
+        to the target and delete the store it replaces (its files only)."""
+        check_target(self.out, overwrite=overwrite)  # it may have appeared meanwhile
+        old_files = store_files(self.out) if os.path.lexists(self.out) else None
+        for name in (RESUME_DIR, STAGING_DIR):
+            shutil.rmtree(self.root / name, ignore_errors=True)
+        os.unlink(self.root / MARKER)
         for directory, _, names in os.walk(self.root):
             for name in names:
                 fsync(Path(directory) / name)
             fsync(Path(directory))
-        old = None
-        if self.out.is_dir() and not any(self.out.iterdir()):
-            self.out.rmdir()
-        if self.out.exists():
-            if not overwrite:  # appeared while we converted
-                raise StoreError(f"{self.out}: target appeared during the conversion; "
-                                 "pass overwrite=True (--overwrite) to replace it")
-            old = self.out.parent / f".{self.out.name}.windowkit-old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(self.out, old)
+        retired = None
+        if os.path.lexists(self.out):
+            if old_files is None:  # an empty directory (check_target)
+                os.rmdir(self.out)
+            else:
+                retired = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.windowkit-old-",
+                                                dir=self.out.parent))
+                os.replace(self.out, retired)
         os.replace(self.root, self.out)
         fsync(self.out.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if retired is not None and old_files is not None:
+            _remove_store(retired, old_files)
 
     def discard(self) -> None:
         """Remove the workspace, and the directories made for it (after a user
         mistake: nothing is left behind)."""
+        if os.path.islink(self.root) or not os.path.isdir(self.root):
+            return
         shutil.rmtree(self.root, ignore_errors=True)
         for parent in self._created_parents:  # innermost first
             try:

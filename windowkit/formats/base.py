@@ -9,13 +9,15 @@ the format as *pieces*: the rows of one series inside one storage block.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from pydantic import ValidationInfo, model_validator
 
+from windowkit._schema import Count, StorePath, Strict, context_value
 from windowkit.spec import WindowSpec
 
 
@@ -29,10 +31,70 @@ class DataLayout:
     block_rows: int  # rows per storage block (chunk, record, row group)
     window: WindowSpec
     compression: str
+    store_id: str = ""  # written into data files where the format allows
 
     @property
     def row_bytes(self) -> int:
         return max(1, self.dtype.itemsize * int(np.prod(self.step_shape, dtype=np.int64)))
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.total_rows // self.block_rows)
+
+
+#: Key of the store id in data files' own metadata (Parquet, Zarr attributes).
+STORE_ID_KEY = "windowkit_store_id"
+
+
+def store_tag(store_id: str) -> int:
+    """The store id as a non-negative int64 (its first 60 bits), for formats
+    whose records hold integers only."""
+    return int(store_id[:15], 16) if store_id else 0
+
+
+class DataSection(Strict):
+    """The manifest's ``data`` section: what every format records, plus its own
+    fields (a subclass per format). Validated with the manifest as context."""
+
+    compression: str
+    raw_bytes: Count
+
+    @model_validator(mode="after")
+    def _raw_bytes_match(self, info: ValidationInfo) -> DataSection:
+        rows, row_bytes = context_value(info, "total_rows"), context_value(info, "row_bytes")
+        if rows is not None and row_bytes is not None and self.raw_bytes != rows * row_bytes:
+            raise ValueError(f"raw_bytes {self.raw_bytes} is not total_rows ({rows}) times "
+                             f"the row's {row_bytes} bytes")
+        return self
+
+    def check_compression(self, allowed: Sequence[str]) -> None:
+        if self.compression not in allowed:
+            raise ValueError(f"compression {self.compression!r} is not one of "
+                             f"{', '.join(allowed)}")
+
+
+class DataFile(Strict):
+    """A data file holding the global rows ``[first_row, first_row + rows)``."""
+
+    path: StorePath
+    first_row: Count
+    rows: Count
+
+
+def check_data_files(files: Sequence[DataFile], info: ValidationInfo) -> None:
+    """The data files must be listed in the manifest and hold every row once, in order."""
+    listed = context_value(info, "files") or set()
+    position = 0
+    for entry in files:
+        if entry.path not in listed:
+            raise ValueError(f"data file {entry.path!r} is not in files")
+        if entry.first_row != position:
+            raise ValueError(f"data file {entry.path!r} starts at row {entry.first_row}, "
+                             f"expected {position}")
+        position += entry.rows
+    total = context_value(info, "total_rows")
+    if position != total:
+        raise ValueError(f"the data files hold {position} rows, the store has {total}")
 
 
 @dataclass(frozen=True)
@@ -67,8 +129,21 @@ class RowReader(Protocol):
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         """Global rows ``[start, stop)`` (``stop`` at most the store's rows) as a
-        C-contiguous array."""
+        C-contiguous array of exactly ``stop - start`` rows (else ``StoreError``)."""
         ...
+
+
+@dataclass(frozen=True)
+class ReaderSetup:
+    """What a row reader needs besides the manifest's ``data`` section."""
+
+    dtype: np.dtype
+    step_shape: tuple[int, ...]
+    block_rows: int
+    total_rows: int
+    span: int  # rows one window covers
+    check_store: Callable[[], None]  # raises if the store was replaced meanwhile
+    store_id: str
 
 
 class StorageFormat(Protocol):
@@ -76,16 +151,22 @@ class StorageFormat(Protocol):
 
     ``prepare`` runs once before any shard; ``write_shard`` runs once per shard,
     in any order and in any process, and returns a JSON-able summary; ``finish``
-    receives the summaries in shard order and returns the manifest's ``data``.
+    receives the summaries in shard order and returns the manifest's ``data``,
+    which ``data_model`` validates when a store is opened.
     """
 
     name: str
     compressions: tuple[str, ...]
     default_compression: str
     target_block_bytes: int  # default storage block size: small for random access
+    data_model: type[DataSection]
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         """The smallest storage block this format accepts for ``spec``."""
+        ...
+
+    def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
+        """An upper bound of the bytes the data files take (disk-space check)."""
         ...
 
     def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None: ...
@@ -100,7 +181,7 @@ class StorageFormat(Protocol):
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]: ...
 
-    def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], block_rows: int) -> RowReader:
-        """A reader of global rows; ``data`` is what ``finish`` returned."""
+    def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
+                    ) -> RowReader:
+        """A reader of global rows; ``data`` is what ``finish`` returned (validated)."""
         ...

@@ -19,12 +19,27 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import Field, ValidationInfo, model_validator
 
+from windowkit._schema import Name
 from windowkit.errors import StoreError
-from windowkit.formats.base import DataLayout, Piece, ReadSeries, ShardTask
+from windowkit.formats.base import (
+    STORE_ID_KEY,
+    DataFile,
+    DataLayout,
+    DataSection,
+    Piece,
+    ReaderSetup,
+    ReadSeries,
+    ShardTask,
+    check_data_files,
+)
 from windowkit.spec import WindowSpec
 
 OPEN_FILES = 2  # part files a reader keeps open
+COMPRESSIONS = ("zstd", "gzip", "none")
+_ROW_OVERHEAD = 12  # the series (int32) and row (int64) columns of a row
+_GROUP_OVERHEAD = 2048  # footer metadata of one row group (and its page headers)
 
 
 def value_columns(step_shape: tuple[int, ...], columns: list[str] | None) -> list[str]:
@@ -36,20 +51,38 @@ def value_columns(step_shape: tuple[int, ...], columns: list[str] | None) -> lis
     return ["values"]
 
 
+class ParquetData(DataSection):
+    """The manifest's ``data`` section of a Parquet store."""
+
+    files: list[DataFile] = Field(min_length=1)
+    columns: list[Name] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> ParquetData:
+        self.check_compression(COMPRESSIONS)
+        check_data_files(self.files, info)
+        return self
+
+
+def value_fields(dtype: np.dtype, step_shape: tuple[int, ...]) -> list[pa.Field]:
+    """The value columns of the store's schema."""
+    value_type = pa.from_numpy_dtype(dtype)
+    if len(step_shape) > 1:
+        items = int(np.prod(step_shape, dtype=np.int64))
+        return [pa.field("values", pa.list_(value_type, items))]
+    return [pa.field(name, value_type) for name in value_columns(step_shape, None)]
+
+
 class _TableBuilder:
     """Turns one piece's rows into an Arrow table of the store's schema."""
 
     def __init__(self, layout: DataLayout) -> None:
-        self.names = value_columns(layout.step_shape, None)
         self._step_shape = layout.step_shape
         self._items = int(np.prod(layout.step_shape, dtype=np.int64))
-        value_type = pa.from_numpy_dtype(layout.dtype)
-        fields = [pa.field("series", pa.int32()), pa.field("row", pa.int64())]
-        if len(layout.step_shape) > 1:
-            fields.append(pa.field("values", pa.list_(value_type, self._items)))
-        else:
-            fields += [pa.field(name, value_type) for name in self.names]
-        self.schema = pa.schema(fields)
+        self.schema = pa.schema(
+            [pa.field("series", pa.int32()), pa.field("row", pa.int64()),
+             *value_fields(layout.dtype, layout.step_shape)],
+            metadata={STORE_ID_KEY: layout.store_id})
 
     def __call__(self, piece: Piece) -> pa.Table:
         rows, n = piece.rows, len(piece.rows)
@@ -69,14 +102,15 @@ class _TableBuilder:
 class ParquetRowReader:
     """Reads global row ranges from the row groups that hold them."""
 
-    def __init__(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                 step_shape: tuple[int, ...], block_rows: int) -> None:
+    def __init__(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup) -> None:
         self._root = data_dir.parent
         self._files = data["files"]
         self._columns = data["columns"]
-        self._dtype = dtype
-        self._step_shape = step_shape
-        self.block_rows = block_rows
+        self._setup = setup
+        self._dtype = setup.dtype
+        self._step_shape = setup.step_shape
+        self.block_rows = setup.block_rows
+        self._fields = value_fields(setup.dtype, setup.step_shape)
         self._file_first = np.array([f["first_row"] for f in self._files], dtype=np.int64)
         # an open file holds decoder buffers: keep a few open, and every file's layout
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
@@ -94,7 +128,9 @@ class ParquetRowReader:
         try:
             handle = pq.ParquetFile(path, page_checksum_verification=True)
         except (OSError, pa.ArrowInvalid) as exc:
-            raise StoreError(f"{path}: cannot open Parquet file ({exc})") from None
+            raise StoreError(f"{path}: cannot open Parquet file ({exc})") from exc
+        self._setup.check_store()  # after the open: the handle reads this store's file
+        self._check_schema(path, handle.schema_arrow)
         if i not in self._group_starts:
             meta = handle.metadata
             sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
@@ -108,13 +144,32 @@ class ParquetRowReader:
             self._handles.popitem(last=False)
         return handle, self._group_starts[i]
 
+    def _check_schema(self, path: Path, schema: pa.Schema) -> None:
+        """The file must hold this store's value columns, of its dtype, and its id."""
+        found = [schema.field(name) if name in schema.names else None
+                 for name in self._columns]
+        if [f.type if f else None for f in found] != [f.type for f in self._fields] or [
+                f.name for f in self._fields] != self._columns:
+            have = ", ".join(f"{f.name}: {f.type}" for f in schema
+                             if f.name not in ("series", "row"))
+            want = ", ".join(f"{f.name}: {f.type}" for f in self._fields)
+            raise StoreError(f"{path}: value columns ({have}) differ from the manifest's "
+                             f"({want})")
+        store_id = (schema.metadata or {}).get(STORE_ID_KEY.encode(), b"").decode()
+        if store_id != self._setup.store_id:
+            raise StoreError(f"{path}: belongs to store id {store_id[:12] or '(none)'}, "
+                             f"not to this store ({self._setup.store_id[:12]})")
+
     def _read_group(self, i: int, group: int) -> np.ndarray:
-        handle, _ = self._file(i)
+        handle, starts = self._file(i)
+        path = self._root / self._files[i]["path"]
         try:
             table = handle.read_row_group(group, columns=self._columns)
         except (OSError, pa.ArrowInvalid) as exc:
-            path = self._root / self._files[i]["path"]
-            raise StoreError(f"{path}: cannot read row group {group} ({exc})") from None
+            raise StoreError(f"{path}: cannot read row group {group} ({exc})") from exc
+        if len(table) != starts[group + 1] - starts[group]:
+            raise StoreError(f"{path}: row group {group} holds {len(table)} rows, its "
+                             f"metadata says {starts[group + 1] - starts[group]}")
         if len(self._step_shape) > 1:
             flat = table.column(0).combine_chunks().flatten().to_numpy(zero_copy_only=False)
             return flat.reshape(len(table), *self._step_shape)
@@ -136,6 +191,10 @@ class ParquetRowReader:
                 position = int(group_starts[group] + hi)
                 group += 1
             file_index += 1
+        if position != stop:
+            raise StoreError(f"{self._root / 'data'}: no Parquet file holds rows "
+                             f"{position}..{stop} (the files hold {start}..{position} of "
+                             f"rows {start}..{stop})")
         if not parts:
             return np.empty((0, *self._step_shape), dtype=self._dtype)
         out = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -144,12 +203,18 @@ class ParquetRowReader:
 
 class ParquetFormat:
     name: str = "parquet"
-    compressions: tuple[str, ...] = ("zstd", "gzip", "none")
+    compressions: tuple[str, ...] = COMPRESSIONS
     default_compression: str = "zstd"
     target_block_bytes: int = 1 << 20
+    data_model: type[DataSection] = ParquetData
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         return spec.span
+
+    def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
+        columns = len(value_columns(layout.step_shape, None)) + 2
+        return int(layout.total_rows * (layout.row_bytes + _ROW_OVERHEAD) * 1.01) + (
+            num_pieces * _GROUP_OVERHEAD * columns // 4) + (64 << 10)
 
     def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
         pass
@@ -174,7 +239,6 @@ class ParquetFormat:
                shards: list[dict[str, Any]]) -> dict[str, Any]:
         return {"files": shards, "columns": value_columns(layout.step_shape, None)}
 
-    def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], block_rows: int) -> ParquetRowReader:
-        return ParquetRowReader(data_dir, data, dtype=dtype, step_shape=step_shape,
-                                block_rows=block_rows)
+    def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
+                    ) -> ParquetRowReader:
+        return ParquetRowReader(data_dir, data, setup)

@@ -55,7 +55,7 @@ def unframe_record(stored: bytes, *, gzip: bool) -> bytes:
         try:
             stored = zlib.decompress(stored, 31)
         except zlib.error as exc:
-            raise RecordError(f"gzip member is corrupt ({exc})") from None
+            raise RecordError(f"gzip member is corrupt ({exc})") from exc
     if len(stored) < _HEADER.size + _FOOTER.size:
         raise RecordError(f"record is truncated ({len(stored)} bytes)")
     length, length_crc = _HEADER.unpack_from(stored)

@@ -9,6 +9,7 @@ that record alone (no window is lost at a block or shard boundary). Features:
 - ``series`` int64: series id; ``row`` int64: row within the series of the first row
 - ``rows`` int64: rows of the block; ``halo`` int64: rows that follow them
 - ``shape`` int64 list: the step shape
+- ``store`` int64: the store id's first 60 bits (a record of another store is refused)
 - ``data`` bytes: the ``rows + halo`` rows, raw little-endian, row-major
 
 ``data/records.parquet`` lists every record's shard, byte offset and size, so
@@ -26,9 +27,23 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from google.protobuf.message import DecodeError
+from pydantic import Field, ValidationInfo, model_validator
 
+from windowkit._schema import Count, Positive, StorePath, context_value
 from windowkit.errors import StoreError
-from windowkit.formats.base import DataLayout, Piece, ReadSeries, ShardTask
+from windowkit.formats.base import (
+    STORE_ID_KEY,
+    DataFile,
+    DataLayout,
+    DataSection,
+    Piece,
+    ReaderSetup,
+    ReadSeries,
+    ShardTask,
+    check_data_files,
+    store_tag,
+)
 from windowkit.formats.tfrecord_io import (
     RecordError,
     decode_example,
@@ -41,6 +56,8 @@ from windowkit.spec import WindowSpec
 RECORDS_TABLE = "records.parquet"
 MAX_HALO_FRACTION = 0.05  # default blocks are long enough that halos add <= 5%
 OPEN_FILES = 4  # shard files a reader keeps open
+COMPRESSIONS = ("none", "gzip")
+_RECORD_OVERHEAD = 256  # framing, Example keys and int features of one record
 
 _RECORD_COLUMNS = ("record", "shard", "offset", "bytes", "series", "row", "global_row",
                    "rows", "halo")
@@ -50,14 +67,44 @@ def shard_name(number: int, count: int) -> str:
     return f"part-{number:05d}-of-{count:05d}.tfrecord"
 
 
+class TFRecordShard(DataFile):
+    records: Count
+
+
+class TFRecordData(DataSection):
+    """The manifest's ``data`` section of a TFRecord store."""
+
+    shards: list[TFRecordShard] = Field(min_length=1)
+    records: StorePath
+    slot_rows: Positive
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> TFRecordData:
+        self.check_compression(COMPRESSIONS)
+        check_data_files(self.shards, info)
+        if self.records not in (context_value(info, "files") or set()):
+            raise ValueError(f"records table {self.records!r} is not in files")
+        expected = context_value(info, "block_rows") + context_value(info, "span") - 1
+        if self.slot_rows != expected:
+            raise ValueError(f"slot_rows {self.slot_rows} must be block_rows + span - 1 "
+                             f"= {expected}")
+        return self
+
+
 class TFRecordFormat:
     name: str = "tfrecord"
-    compressions: tuple[str, ...] = ("none", "gzip")
+    compressions: tuple[str, ...] = COMPRESSIONS
     default_compression: str = "none"
     target_block_bytes: int = 256 << 10
+    data_model: type[DataSection] = TFRecordData
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         return max(spec.span, int(np.ceil((spec.span - 1) / MAX_HALO_FRACTION)))
+
+    def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
+        rows = layout.total_rows + num_pieces * (layout.window.span - 1)
+        return int(rows * layout.row_bytes * 1.01) + num_pieces * (
+            _RECORD_OVERHEAD + 8 * len(_RECORD_COLUMNS)) + (64 << 10)
 
     def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
         pass
@@ -78,7 +125,8 @@ class TFRecordFormat:
                 example = encode_example(
                     {"record": [piece.number], "series": [piece.series_id],
                      "row": [piece.local_start], "rows": [len(piece.rows)],
-                     "halo": [len(halo)], "shape": list(layout.step_shape)},
+                     "halo": [len(halo)], "shape": list(layout.step_shape),
+                     "store": [store_tag(layout.store_id)]},
                     {"data": np.ascontiguousarray(rows, dtype=little).tobytes()})
                 stored = frame_record(example, gzip=gzip)
                 out.write(stored)
@@ -99,29 +147,64 @@ class TFRecordFormat:
                shards: list[dict[str, Any]]) -> dict[str, Any]:
         columns = {name: np.concatenate([np.asarray(s["table"][name], dtype=np.int64)
                                          for s in shards]) for name in _RECORD_COLUMNS}
-        pq.write_table(pa.table(columns), data_dir / RECORDS_TABLE, write_page_checksum=True)
+        table = pa.table(columns).replace_schema_metadata({STORE_ID_KEY: layout.store_id})
+        pq.write_table(table, data_dir / RECORDS_TABLE, write_page_checksum=True)
         return {"shards": [{k: s[k] for k in ("path", "first_row", "rows", "records")}
                            for s in shards],
                 "records": f"data/{RECORDS_TABLE}",
                 "slot_rows": layout.block_rows + layout.window.span - 1}
 
-    def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], block_rows: int) -> TFRecordRowReader:
-        return TFRecordRowReader(data_dir, data, dtype=dtype, step_shape=step_shape,
-                                 block_rows=block_rows)
+    def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
+                    ) -> TFRecordRowReader:
+        return TFRecordRowReader(data_dir, data, setup)
 
 
 class RecordTable:
-    """``records.parquet``: where each record lies and which rows it holds."""
+    """``records.parquet``: where each record lies and which rows it holds.
 
-    def __init__(self, path: Path) -> None:
+    Checked on load: records in order, each in a shard of the store, holding at
+    most a block plus its halo, and together every row once."""
+
+    def __init__(self, path: Path, *, shards: int, setup: ReaderSetup) -> None:
         try:
-            table = pq.ParquetFile(path, page_checksum_verification=True).read()
-            self.columns = {name: table.column(name).to_numpy() for name in _RECORD_COLUMNS}
+            file = pq.ParquetFile(path, page_checksum_verification=True)
+            table = file.read()
+            self.columns = {name: table.column(name).to_numpy().astype(np.int64, copy=False)
+                            for name in _RECORD_COLUMNS}
         except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
-            raise StoreError(f"{path}: cannot read the TFRecord record table ({exc})") from None
-        if not np.array_equal(self.columns["record"], np.arange(len(table))):
-            raise StoreError(f"{path}: record numbers are not 0..{len(table) - 1} in order")
+            raise StoreError(f"{path}: cannot read the TFRecord record table ({exc})") from exc
+        setup.check_store()  # after the read: the table read was this store's
+        store_id = (file.schema_arrow.metadata or {}).get(STORE_ID_KEY.encode(), b"").decode()
+        if store_id != setup.store_id:
+            raise StoreError(f"{path}: belongs to store id {store_id[:12] or '(none)'}, "
+                             f"not to this store ({setup.store_id[:12]})")
+        problem = self._problem(shards, setup)
+        if problem:
+            raise StoreError(f"{path}: {problem}")
+
+    def _problem(self, shards: int, setup: ReaderSetup) -> str | None:
+        c, n = self.columns, len(self)
+        slot_bytes = (setup.block_rows + setup.span) * setup.dtype.itemsize * int(
+            np.prod(setup.step_shape, dtype=np.int64))
+        ends = c["global_row"] + c["rows"]
+        checks = [
+            (np.array_equal(c["record"], np.arange(n)), f"record numbers are not 0..{n - 1}"),
+            (n == 0 or (c["shard"].min() >= 0 and c["shard"].max() < shards),
+             f"a record names a shard outside 0..{shards - 1}"),
+            (n == 0 or (c["rows"].min() >= 1 and c["rows"].max() <= setup.block_rows),
+             f"a record holds no rows or more than a block ({setup.block_rows})"),
+            (n == 0 or (c["halo"].min() >= 0 and c["halo"].max() <= setup.span - 1),
+             f"a record's halo is not within 0..{setup.span - 1} rows"),
+            (n == 0 or (c["offset"].min() >= 0 and c["bytes"].min() >= 1
+                        and c["bytes"].max() <= 2 * slot_bytes + 4096),
+             "a record's offset or size is out of range"),
+            (n == 0 or (c["global_row"][0] == 0 and np.array_equal(c["global_row"][1:],
+                                                                   ends[:-1])),
+             "records do not hold consecutive rows from row 0"),
+            ((ends[-1] if n else 0) == setup.total_rows,
+             f"records hold {ends[-1] if n else 0} rows, the store has {setup.total_rows}"),
+        ]
+        return next((message for ok, message in checks if not ok), None)
 
     def __len__(self) -> int:
         return len(self.columns["record"])
@@ -133,14 +216,15 @@ class RecordTable:
 class TFRecordRowReader:
     """Reads global row ranges by seeking to the records that hold them."""
 
-    def __init__(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                 step_shape: tuple[int, ...], block_rows: int) -> None:
+    def __init__(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup) -> None:
         self._root = data_dir.parent
         self._data = data
-        self._dtype = dtype
-        self._step_shape = step_shape
+        self._setup = setup
+        self._dtype = setup.dtype
+        self._step_shape = setup.step_shape
         self._gzip = data.get("compression") == "gzip"
-        self.block_rows = block_rows
+        self._tag = store_tag(setup.store_id)
+        self.block_rows = setup.block_rows
         self._handles: OrderedDict[int, Any] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -150,7 +234,8 @@ class TFRecordRowReader:
 
     @cached_property
     def records(self) -> RecordTable:
-        return RecordTable(self._root / self._data["records"])
+        return RecordTable(self._root / self._data["records"],
+                           shards=len(self._data["shards"]), setup=self._setup)
 
     def shard_path(self, shard: int) -> Path:
         return self._root / self._data["shards"][shard]["path"]
@@ -161,7 +246,8 @@ class TFRecordRowReader:
             try:
                 handle = open(self.shard_path(shard), "rb")  # noqa: SIM115 (kept open, LRU)
             except OSError as exc:
-                raise StoreError(f"{self.shard_path(shard)}: cannot open shard ({exc})") from None
+                raise StoreError(f"{self.shard_path(shard)}: cannot open shard ({exc})") from exc
+            self._setup.check_store()  # after the open: the handle reads this store's file
             self._handles[shard] = handle
             while len(self._handles) > OPEN_FILES:
                 self._handles.popitem(last=False)[1].close()
@@ -181,12 +267,15 @@ class TFRecordRowReader:
         try:
             ints, data = decode_example(unframe_record(stored, gzip=self._gzip))
         except RecordError as exc:
-            raise StoreError(f"{where}: {exc}") from None
-        except Exception as exc:  # protobuf's DecodeError
-            raise StoreError(f"{where}: not a valid Example ({exc})") from None
+            raise StoreError(f"{where}: {exc}") from exc
+        except DecodeError as exc:
+            raise StoreError(f"{where}: not a valid Example ({exc})") from exc
         rows = int(table["rows"][record]) + int(table["halo"][record])
         if ints.get("record") != [record] or "data" not in data:
             raise StoreError(f"{where}: holds record {ints.get('record')}, expected {record}")
+        if ints.get("store") != [self._tag]:
+            raise StoreError(f"{where}: belongs to another store (store tag "
+                             f"{ints.get('store')}, expected {self._tag})")
         values = np.frombuffer(data["data"], dtype=self._dtype.newbyteorder("<"))
         if values.size != rows * int(np.prod(self._step_shape, dtype=np.int64)):
             raise StoreError(f"{where}: holds {values.size} values, expected {rows} rows")

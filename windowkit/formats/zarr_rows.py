@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import ValidationInfo, model_validator
 
+from windowkit._schema import Positive, context_value
 from windowkit.errors import StoreError
-from windowkit.formats.base import DataLayout, Piece, ReadSeries, ShardTask
+from windowkit.formats.base import (
+    STORE_ID_KEY,
+    DataLayout,
+    DataSection,
+    Piece,
+    ReaderSetup,
+    ReadSeries,
+    ShardTask,
+)
 from windowkit.spec import WindowSpec
+
+COMPRESSIONS = ("zstd", "gzip", "none")
+_CHUNK_OVERHEAD = 64  # bytes a chunk file may add to its rows (checksum, frame headers)
 
 _WRITE_BYTES = 16 << 20  # rows buffered before one multi-chunk write
 
@@ -54,12 +67,29 @@ class _SlabWriter:
         return self._slab_start
 
 
+class ZarrData(DataSection):
+    """The manifest's ``data`` section of a Zarr store."""
+
+    array: Literal["."]
+    chunk_rows: Positive
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> ZarrData:
+        self.check_compression(COMPRESSIONS)
+        if self.chunk_rows != context_value(info, "block_rows"):
+            raise ValueError(f"chunk_rows {self.chunk_rows} differs from block_rows")
+        if "data/zarr.json" not in (context_value(info, "files") or set()):
+            raise ValueError("files does not list data/zarr.json")
+        return self
+
+
 class ZarrRowReader:
     """Reads global row ranges; a missing chunk file is an error, never fill values."""
 
-    def __init__(self, data_dir: Path, *, block_rows: int) -> None:
+    def __init__(self, data_dir: Path, setup: ReaderSetup) -> None:
         self._data_dir = data_dir
-        self.block_rows = block_rows
+        self._setup = setup
+        self.block_rows = setup.block_rows
         self._array: Any = None  # opened lazily, so readers pickle across processes
 
     def __getstate__(self) -> dict[str, Any]:
@@ -69,10 +99,20 @@ class ZarrRowReader:
         if self._array is None:
             import zarr
 
+            setup, where = self._setup, self._data_dir / "zarr.json"
             try:
-                self._array = zarr.open_array(store=str(self._data_dir), mode="r")
-            except Exception as exc:  # zarr raises several types for a broken array
-                raise StoreError(f"{self._data_dir}: cannot open Zarr array ({exc})") from None
+                array = zarr.open_array(store=str(self._data_dir), mode="r")
+                found = (tuple(array.shape), tuple(array.chunks), np.dtype(array.dtype),
+                         array.attrs.get(STORE_ID_KEY))
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # damaged metadata
+                raise StoreError(f"{where}: cannot open the Zarr array ({exc})") from exc
+            expected = ((setup.total_rows, *setup.step_shape),
+                        (setup.block_rows, *setup.step_shape), setup.dtype, setup.store_id)
+            if found != expected:
+                raise StoreError(f"{where}: the array (shape, chunks, dtype, store id) "
+                                 f"{found} differs from the manifest's {expected}")
+            setup.check_store()
+            self._array = array
         return self._array
 
     def _check_chunks(self, start: int, stop: int) -> None:
@@ -85,23 +125,31 @@ class ZarrRowReader:
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         self._check_chunks(start, stop)
         try:
-            return np.asarray(self._open()[start:stop])
-        except StoreError:
-            raise
-        except Exception as exc:  # codec errors: checksum mismatch, truncated chunk
-            raise StoreError(
-                f"{self._data_dir}: cannot read rows {start}..{stop} ({exc})"
-            ) from None
+            rows = np.asarray(self._open()[start:stop])
+        except (OSError, ValueError, RuntimeError) as exc:  # checksum mismatch, bad frame
+            raise StoreError(f"{self._data_dir}: cannot read rows {start}..{stop}, chunks "
+                             f"{start // self.block_rows}..{(stop - 1) // self.block_rows} "
+                             f"({exc})") from exc
+        self._setup.check_store()  # after the read: the chunks read were this store's
+        if len(rows) != stop - start:
+            raise StoreError(f"{self._data_dir}: rows {start}..{stop} (chunk "
+                             f"{start // self.block_rows}): read {len(rows)} rows")
+        return rows
 
 
 class ZarrFormat:
     name: str = "zarr"
-    compressions: tuple[str, ...] = ("zstd", "gzip", "none")
+    compressions: tuple[str, ...] = COMPRESSIONS
     default_compression: str = "zstd"
     target_block_bytes: int = 1 << 20
+    data_model: type[DataSection] = ZarrData
 
     def min_block_rows(self, spec: WindowSpec) -> int:
         return spec.span
+
+    def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
+        return int(layout.total_rows * layout.row_bytes * 1.01) + (
+            layout.num_blocks * _CHUNK_OVERHEAD) + (64 << 10)
 
     def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
         """Create the array (metadata only); shards then fill disjoint chunks."""
@@ -116,13 +164,17 @@ class ZarrFormat:
             fill_value=0,
             config={"write_empty_chunks": True},
             zarr_format=3,
+            attributes={STORE_ID_KEY: layout.store_id},
         )
 
     def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
                     pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
         import zarr
 
-        array = zarr.open_array(store=str(data_dir), mode="r+")
+        # the setting is not stored with the array: a chunk of zeros (the fill
+        # value) must still be written, or it would be missing from the store
+        array = zarr.open_array(store=str(data_dir), mode="r+").with_config(
+            {"write_empty_chunks": True})
         slab = _SlabWriter(array, layout, shard.first_row)
         for piece in pieces:
             slab.write(piece.global_start, piece.rows)
@@ -143,6 +195,6 @@ class ZarrFormat:
                shards: list[dict[str, Any]]) -> dict[str, Any]:
         return {"array": ".", "chunk_rows": layout.block_rows}
 
-    def open_reader(self, data_dir: Path, data: dict[str, Any], *, dtype: np.dtype,
-                    step_shape: tuple[int, ...], block_rows: int) -> ZarrRowReader:
-        return ZarrRowReader(data_dir, block_rows=block_rows)
+    def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
+                    ) -> ZarrRowReader:
+        return ZarrRowReader(data_dir, setup)
