@@ -49,33 +49,42 @@ def _check_slots(pool: BlockPool, blocks: np.ndarray, slots: np.ndarray) -> None
         assert first == block * BLOCK_ROWS
 
 
-def test_threads_needing_many_blocks_never_wait_on_each_other() -> None:
-    """Each thread needs most of a small pool at once: pinning block by block
-    deadlocked here (every thread holding part of its blocks, waiting for more)."""
-    pool = _pool(NumberedRows(), capacity=6)
-    assert pool.capacity == 6
+def _hammer(pool: BlockPool, *, rounds: int, blocks_per_call: int, threads: int = 4,
+            seconds: float = 30) -> list[BaseException]:
+    """``threads`` threads acquiring random blocks ``rounds`` times each and
+    checking what they got; returns their errors (a hang fails the test)."""
     errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         rng = np.random.default_rng(seed)
         try:
-            for _ in range(60):
-                blocks = rng.choice(pool.num_blocks, size=3, replace=False)
+            for _ in range(rounds):
+                blocks = rng.choice(pool.num_blocks, size=blocks_per_call, replace=False)
                 slots = pool.acquire(blocks)
                 try:
                     _check_slots(pool, blocks, slots)
                 finally:
                     pool.release(slots)
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # reported by the caller
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(4)]
-    for thread in threads:
+    workers = [threading.Thread(target=work, args=(seed,), daemon=True)
+               for seed in range(threads)]
+    for thread in workers:
         thread.start()
-    deadline = time.monotonic() + 30
-    for thread in threads:
+    deadline = time.monotonic() + seconds
+    for thread in workers:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    assert not any(thread.is_alive() for thread in threads), "threads deadlocked on the pool"
+    assert not any(thread.is_alive() for thread in workers), "threads deadlocked on the pool"
+    return errors
+
+
+def test_threads_needing_many_blocks_never_wait_on_each_other() -> None:
+    """Each thread needs most of a small pool at once: pinning block by block
+    deadlocked here (every thread holding part of its blocks, waiting for more)."""
+    pool = _pool(NumberedRows(), capacity=6)
+    assert pool.capacity == 6
+    errors = _hammer(pool, rounds=60, blocks_per_call=3)
     assert not errors, errors
     assert not pool._pins.any()
 
@@ -277,25 +286,6 @@ def test_loader_threads_never_share_a_reader_at_once(picklable: bool) -> None:
     """Each loader thread reads with its own copy of the reader, or, when the
     reader does not pickle, with the original one read at a time."""
     pool = _pool(OneReadAtATime(picklable), capacity=12)
-    errors: list[BaseException] = []
-
-    def work(seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        try:
-            for _ in range(15):
-                blocks = rng.choice(pool.num_blocks, size=2, replace=False)
-                slots = pool.acquire(blocks)
-                try:
-                    _check_slots(pool, blocks, slots)
-                finally:
-                    pool.release(slots)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    errors = _hammer(pool, rounds=15, blocks_per_call=2)
     assert not errors, errors
     assert not pool._pins.any()

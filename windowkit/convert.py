@@ -354,8 +354,8 @@ def _resume_or_start(workspace: Workspace, plan_key: str, sources: list[Series],
     if markers is not None:
         placement = SeriesLayout.of(sources)
         for number, marker in sorted(markers.items()):
-            if marker.get("source_digest") != source_digest(sources, placement, layout,
-                                                            tasks[number]):
+            if number not in range(len(tasks)) or marker.get("source_digest") != (
+                    source_digest(sources, placement, layout, tasks[number])):
                 log.info("%s: the source rows of shard %d changed since the interrupted "
                          "conversion; starting over", workspace.out, number)
                 markers = None
