@@ -42,13 +42,13 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/python -m windowkit.benchmark throughput
+	$(BIN)/python -m tests.benchmarks.benchmark throughput
 
 bench-memory: $(STAMP)
-	$(BIN)/python -m windowkit.benchmark memory
+	$(BIN)/python -m tests.benchmarks.benchmark memory
 
 bench-csv: $(STAMP)
-	$(BIN)/python -m windowkit.benchmark csv
+	$(BIN)/python -m tests.benchmarks.benchmark csv
 
 fixtures: $(STAMP)
 	$(BIN)/python fixtures/make_fixtures.py

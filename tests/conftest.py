@@ -31,7 +31,8 @@ def fmt(request: pytest.FixtureRequest) -> str:
 
 def oracle_windows(series: Sequence[np.ndarray], spec: wk.WindowSpec
                    ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Every window of every series, in index order, cut one by one (DESIGN §1)."""
+    """Every window of every series, in index order, cut one by one, as the
+    README's window semantics say."""
     L, S, R, H = spec.length, spec.stride, spec.sampling_rate, spec.horizon  # noqa: N806
     xs, ys = [], []
     for values in series:

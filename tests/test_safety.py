@@ -164,7 +164,7 @@ def test_not_enough_disk_space_is_refused_before_writing(
                                        "--out", str(tmp_path / "store"), "--window", "8", "-q"])
     assert result.exit_code == 2
     assert re.search(r"not enough disk space for the store: it needs about 1\.\d MiB, "
-                     r"1000 B are free", result.output), result.output
+                     r"1000 Bytes are free", result.output), result.output
     assert result.output.count("\n") == 1
     assert _leftovers(tmp_path) == [] and not (tmp_path / "store").exists()
 

@@ -1,5 +1,5 @@
 """Target columns: ``y`` holds only the chosen columns, ``[H, len(target_columns)]``
-(DESIGN §1), while ``x`` keeps every feature, in every format and reader."""
+(the README's window semantics), while ``x`` keeps every feature, in every format and reader."""
 
 from __future__ import annotations
 

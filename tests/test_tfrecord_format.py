@@ -92,7 +92,7 @@ def test_reader_graph_is_pure_tensorflow_with_parallel_interleave(tmp_path: Path
     assert not {op for op in ops if "PyFunc" in op}, "a Python function in the read path"
     assert any(op.startswith("ParallelInterleaveDataset") for op in ops)
     assert {"ParseExampleV2", "DecodePaddedRaw", "GatherV2"} <= ops
-    # the other formats do resolve batches in Python, by design (DESIGN §5)
+    # the other formats do resolve batches in Python, by design (a py_function per group of blocks)
     other = wk.convert(_series([500]), tmp_path / "z", format="zarr", window=8)
     assert any("PyFunc" in op for op in _graph_ops(other.tf_dataset("train", 32)))
 

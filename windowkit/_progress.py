@@ -1,11 +1,12 @@
 """Progress bars on stderr (tqdm), silent when asked or when not a terminal, and
-sizes for people to read."""
+sizes for people to read (humanize)."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
+import humanize
 from tqdm.auto import tqdm
 
 
@@ -17,9 +18,5 @@ def progress_bar(*, total: int, desc: str, enabled: bool, unit: str = "B") -> An
 
 
 def human_size(size: float) -> str:
-    """``size`` bytes as ``512 B``, ``1.5 KiB``, ... ``2.0 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover
+    """``size`` bytes as ``1000 Bytes``, ``1.5 KiB``, ... ``2.0 GiB``."""
+    return str(humanize.naturalsize(size, binary=True))

@@ -11,6 +11,8 @@ windows, the plain approach: every window materialized in memory,
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,20 +31,17 @@ GATHER_BATCHES = 200  # batches timed by the gather-alone stage
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set size (VmHWM) in MB."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")  # pragma: no cover - non-Linux
+    """This process's peak resident set size in MB (``getrusage``: kilobytes on
+    Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def _available_bytes() -> int:
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0  # pragma: no cover - non-Linux
+    """Memory available to new allocations without swapping (psutil)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 @dataclass

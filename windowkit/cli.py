@@ -9,10 +9,9 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import click
 
@@ -36,22 +35,19 @@ def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class ByteSize(click.ParamType):
-    """A size such as ``64MiB``, ``1GB`` or ``1048576`` (bytes)."""
+    """A size such as ``64MiB``, ``1GB`` or ``1048576`` (bytes), parsed by pydantic."""
 
     name = "size"
-    _UNITS: ClassVar[dict[str, int]] = {
-        "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-        unit = match.group(2).lower() if match else ""
-        if match is None or unit not in self._UNITS:
+        from pydantic import ByteSize as Size
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            size = int(TypeAdapter(Size).validate_python(value))
+        except ValidationError:
             self.fail(f"{value!r} is not a size (examples: 64MiB, 1GB, 1048576)", param, ctx)
-        size = int(float(match.group(1)) * self._UNITS[unit])
         if size < 1:
             self.fail(f"{value!r} is not a positive size", param, ctx)
         return size

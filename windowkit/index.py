@@ -1,7 +1,7 @@
 """Window index tables and their compact in-memory form.
 
 On disk a split's windows are a Parquet table ``(series:int32, start:int64,
-length:int32)`` with one row per window (DESIGN §2). In memory a reader never
+length:int32)`` with one row per window. In memory a reader never
 holds one entry per window: consecutive windows of a series whose starts step by
 the spec's stride form a *run* ``(series, first, count)``, so memory grows with
 the number of series and gaps, not with the number of windows.

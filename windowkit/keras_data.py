@@ -1,4 +1,4 @@
-"""The Keras reader: a ``keras.utils.PyDataset`` of whole batches (DESIGN §5).
+"""The Keras reader: a ``keras.utils.PyDataset`` of whole batches.
 
 ``__getitem__(i)`` finds the windows of batch ``i`` in the epoch's seeded order
 (:class:`windowkit.order.EpochOrder`, random access, so Keras workers may ask for

@@ -22,7 +22,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 from pydantic import Field, ValidationError, model_validator
@@ -52,18 +52,28 @@ MAX_MANIFEST_BYTES = 256 << 20
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64")
 
-_READ_BYTES = 1 << 20
+
+class _CountingReader:
+    """A binary file that tells ``on_bytes`` how much each read returned."""
+
+    def __init__(self, fh: BinaryIO, on_bytes: Callable[[int], object]) -> None:
+        self._fh, self._on_bytes = fh, on_bytes
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = self._fh.readinto(buffer)  # type: ignore[attr-defined]
+        if count:
+            self._on_bytes(count)
+        return int(count or 0)
 
 
 def file_digest(path: Path, on_bytes: Callable[[int], object] | None = None) -> str:
-    """The file's checksum (hex), read in 1 MiB pieces; ``on_bytes`` sees each size."""
-    digest = hashlib.new(CHECKSUM)
+    """The file's checksum (hex); ``on_bytes`` sees the size of each piece read."""
     with open(path, "rb") as fh:
-        while chunk := fh.read(_READ_BYTES):
-            digest.update(chunk)
-            if on_bytes is not None:
-                on_bytes(len(chunk))
-    return digest.hexdigest()
+        source: Any = fh if on_bytes is None else _CountingReader(fh, on_bytes)
+        return hashlib.file_digest(source, CHECKSUM).hexdigest()
 
 
 class FileEntry(Strict):

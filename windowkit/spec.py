@@ -1,4 +1,4 @@
-"""The window specification shared by every format and reader (DESIGN §1)."""
+"""The window specification shared by every format and reader."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Train/validation/test splits that cannot leak (DESIGN §3).
+"""Train/validation/test splits that cannot leak.
 
 A split plan gives every series one contiguous range of rows per split. A
 window belongs to a split when all its rows lie in that split's range, so no

@@ -44,8 +44,7 @@ _CSV_BLOCK_BYTES = 8 << 20
 _TIME_CHUNK = 1 << 20  # time differences examined at once
 DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
-_UNITS_NS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "min": 60 * 10**9,
-             "h": 3600 * 10**9, "d": 86400 * 10**9}
+_DAY_NS = 86400 * 10**9
 
 
 @dataclass(frozen=True)
@@ -84,25 +83,51 @@ def parse_time(value: str | int, unit: str) -> int:
 
 
 def parse_gap(value: str | int | None, unit: str) -> int | None:
-    """``max_gap`` in the time column's int64 units: a number, or for timestamps
-    a duration such as ``90s``, ``5min``, ``1h``, ``2d``."""
+    """``max_gap`` in the time column's int64 units: a whole number of them, or
+    for dates and timestamps a duration that pandas reads (``90s``, ``5min``,
+    ``1h``, ``2D``, ``3 days``; whole days for dates)."""
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        gap = value
+    text = str(value).strip()
+    if isinstance(value, bool) or not text:
+        raise InvalidSpecError(f"max gap {value!r} is not a number or a duration")
+    try:
+        number = float(text)
+    except ValueError:
+        gap = _duration(text, unit)
     else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", str(value).lower())
-        if match is None or (match.group(2) and match.group(2) not in _UNITS_NS):
-            raise InvalidSpecError(f"max gap {value!r} is not a number or a duration "
-                                   f"(examples: 3, 90s, 5min, 1h, 2d)")
-        number, suffix = float(match.group(1)), match.group(2)
-        if suffix and unit != "ns":
-            raise InvalidSpecError(f"max gap {value!r} has a unit, but the time column "
-                                   f"holds {unit or 'plain numbers'}")
-        gap = int(number * _UNITS_NS[suffix]) if suffix else int(number)
+        if not number.is_integer():
+            raise InvalidSpecError(f"max gap {value!r} is not a whole number of the time "
+                                   f"column's units ({_UNIT_NAMES[unit]})")
+        gap = int(number)
     if gap < 1:
         raise InvalidSpecError(f"max gap must be >= 1, got {value!r}")
     return gap
+
+
+_UNIT_NAMES = {"ns": "nanoseconds", "days": "days", "": "plain numbers"}
+
+
+def _duration(text: str, unit: str) -> int:
+    """A duration in the time column's units, parsed by pandas."""
+    if not unit:
+        raise InvalidSpecError(f"max gap {text!r} is not a number or a duration; the time "
+                               "column holds plain numbers, so give a whole number")
+    import pandas as pd
+
+    # pandas reads "2d" as days, with a warning to write "2D"
+    spelled = re.sub(r"(?<=\d)\s*d$", "D", text)
+    try:
+        nanoseconds = int(pd.Timedelta(spelled).value)
+    except ValueError:
+        raise InvalidSpecError(f"max gap {text!r} is not a number or a duration "
+                               "(examples: 3, 90s, 5min, 1h, 2D)") from None
+    if unit == "ns":
+        return nanoseconds
+    if nanoseconds % _DAY_NS:
+        raise InvalidSpecError(f"max gap {text!r} is not a whole number of days, the time "
+                               "column's unit")
+    return nanoseconds // _DAY_NS
 
 
 @dataclass

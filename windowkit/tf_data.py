@@ -1,5 +1,5 @@
 """The ``tf.data`` reader for Zarr and Parquet stores, and the graph pieces it
-shares with the TFRecord reader (DESIGN §5).
+shares with the TFRecord reader.
 
 Index batches -> blocks -> windows, with no Python per batch:
 

@@ -1,4 +1,4 @@
-"""The pure-graph ``tf.data`` reader for TFRecord stores (DESIGN §5).
+"""The pure-graph ``tf.data`` reader for TFRecord stores.
 
 shard files -> ``interleave(TFRecordDataset, num_parallel_calls=AUTOTUNE)`` ->
 shuffle records -> group records -> parse + ``decode_raw`` each group -> join

@@ -4,9 +4,9 @@ Each measurement runs in its own subprocess so that its peak RSS is its own;
 readers are measured side by side in one run and reported as ratios, because
 shared machines are noisy.
 
-    python -m windowkit.benchmark throughput   # windows/s vs materialized windows
-    python -m windowkit.benchmark memory       # 0.5 and 4 GiB .npy: convert, epoch RSS
-    python -m windowkit.benchmark csv          # 2 GiB long CSV: convert peak RSS
+    python -m tests.benchmarks.benchmark throughput   # windows/s vs materialized windows
+    python -m tests.benchmarks.benchmark memory       # 0.5 and 4 GiB .npy: convert, epoch RSS
+    python -m tests.benchmarks.benchmark csv          # 2 GiB long CSV: convert peak RSS
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ SERIES, ROWS, FEATURES, LENGTH, BATCH = 20, 20_000, 16, 32, 256
 def _run_child(*args: str) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; it prints one JSON line."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.run([sys.executable, "-m", "windowkit.benchmark", "child", *args],
+    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.benchmark", "child", *args],
                           capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark child {args} failed:\n{proc.stderr[-3000:]}")
@@ -362,7 +362,7 @@ def csv(gib: float, interleaved_gib: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m windowkit.benchmark")
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.benchmark")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("throughput")
     p.add_argument("--rounds", type=int, default=2)

@@ -1,0 +1,1 @@
+"""The `make bench` harnesses (not collected by pytest)."""
