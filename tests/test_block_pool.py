@@ -14,9 +14,9 @@ import pytest
 
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
-from windowkit.gather import BlockPool, WindowGather
+from windowkit.formats.tf_blocks import GroupLoader
+from windowkit.readers import BlockPool, WindowGather
 from windowkit.spec import WindowSpec
-from windowkit.tf_data import GroupLoader
 
 BLOCK_ROWS = 4
 TOTAL_ROWS = 400

@@ -28,7 +28,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 import windowkit as wk
 from tests.conftest import assert_windows_equal, oracle_windows, window_keys
 from tests.test_store_suite import datasets
-from windowkit.keras_data import WindowPyDataset
+from windowkit.readers.keras import WindowPyDataset
 
 Epoch = tuple[np.ndarray, np.ndarray | None]
 LENGTHS = [500, 320, 7, 260]  # one series too short for a window
@@ -249,7 +249,7 @@ class _PidDataset(WindowPyDataset):
 def test_keras_workers_read_every_window_once(store: wk.Store, workers: int,
                                               use_multiprocessing: bool) -> None:
     expected = sorted(window_keys(*_oracle()))
-    ds = _PidDataset(store, "train", 32, seed=7, cache_bytes=1 << 12, workers=workers,
+    ds = _PidDataset(store.read_plan("train"), 32, seed=7, cache_bytes=1 << 12, workers=workers,
                      use_multiprocessing=use_multiprocessing)
     reference = store.keras_dataset("train", 32, seed=7, cache_bytes=1 << 12)
     adapter = PyDatasetAdapter(ds, shuffle=False)

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import windowkit as wk
 from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.cli import main
+from windowkit.conversion import ShardResult, true_runs
 from windowkit.index import stretches_without
-from windowkit.shards import ShardResult, true_runs
 from windowkit.stats import RunningStats
 
 SPEC = wk.WindowSpec(6, stride=1, horizon=2)

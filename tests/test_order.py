@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
-from windowkit.order import WindowOrder, block_first_positions, index_shuffle
+from windowkit.readers import WindowOrder, block_first_positions, index_shuffle
 
 
 def _runs(series_starts: list[np.ndarray], rows: list[int], stride: int) -> WindowRuns:

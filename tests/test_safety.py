@@ -22,9 +22,9 @@ from click.testing import CliRunner
 import windowkit as wk
 from tests.conftest import collect_epoch, oracle_windows
 from windowkit.cli import main
+from windowkit.conversion import Workspace
 from windowkit.formats import get_format
 from windowkit.verify import verify_store
-from windowkit.workspace import Workspace
 
 SPEC = wk.WindowSpec(8, horizon=2)
 

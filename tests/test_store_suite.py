@@ -24,7 +24,7 @@ from tests.conftest import (
     oracle_windows,
 )
 from windowkit.formats import get_format
-from windowkit.keras_data import WindowPyDataset
+from windowkit.readers.keras import WindowPyDataset
 from windowkit.store import Windows
 
 #: Every dtype a store may hold: each must round-trip bit-exactly through every reader.

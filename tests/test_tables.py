@@ -155,7 +155,7 @@ def test_table_options_need_a_table_source(tmp_path: Path) -> None:
 
 
 def test_a_locked_target_is_refused_before_staging(tmp_path: Path) -> None:
-    from windowkit.workspace import Workspace
+    from windowkit.conversion import Workspace
 
     pd.DataFrame({"v": np.arange(50.0)}).to_csv(tmp_path / "t.csv", index=False)
     running = Workspace(tmp_path / "s")
@@ -230,7 +230,7 @@ def test_errors_after_grouping_name_the_table_row(tmp_path: Path) -> None:
 
 
 def test_dataframes_are_identified_by_their_content(tmp_path: Path) -> None:
-    from windowkit.tables import TableOptions, stage_table
+    from windowkit.sources import TableOptions, stage_table
 
     def source_id(frame: pd.DataFrame) -> str:
         staging = tmp_path / f"stage{len(list(tmp_path.iterdir()))}"

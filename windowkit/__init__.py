@@ -5,7 +5,7 @@ length)``, resolve windows in vectorized batches at read time.
 """
 
 from windowkit._version import __version__
-from windowkit.convert import convert
+from windowkit.conversion import convert
 from windowkit.errors import (
     DiskSpaceError,
     InvalidSpecError,

@@ -139,16 +139,12 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
                batches: int | None) -> list[Stage]:
     import tensorflow as tf
 
-    from windowkit.gather import DEFAULT_CACHE_BYTES
-    from windowkit.tf_data import batch_cutter
+    from windowkit.readers import DEFAULT_CACHE_BYTES
+    from windowkit.readers.tf import batch_cutter
 
-    if store.manifest.format == "tfrecord":
-        from windowkit.tf_records import make_record_dataset as make
-    else:
-        from windowkit.tf_data import make_tf_dataset as make
-    blocks = make(store, split, batch_size=batch_size, shuffle=True, seed=seed,
-                  drop_remainder=False, normalize=False, shuffle_blocks=None,
-                  cache_bytes=DEFAULT_CACHE_BYTES, stage="blocks")
+    plan = store.read_plan(split)  # the format's own read + decode stage, alone
+    blocks = plan.storage.tf_block_groups(plan, shuffle=True, seed=seed, shuffle_blocks=None,
+                                          cache_bytes=DEFAULT_CACHE_BYTES)
     first: list[Any] = []
 
     def group_size(element: Any) -> tuple[int, int]:
@@ -174,7 +170,7 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
 
 def _keras_stages(store: Store, split: str, batch_size: int, seed: int,
                   batches: int | None) -> list[Stage]:
-    from windowkit.gather import DEFAULT_CACHE_BYTES
+    from windowkit.readers import DEFAULT_CACHE_BYTES
 
     gather = store.window_gather(DEFAULT_CACHE_BYTES)
     pool = gather.pool

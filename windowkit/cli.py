@@ -161,7 +161,7 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     Running the same command again after an interruption resumes it."""
     if quiet:
         logging.getLogger("windowkit").setLevel(logging.WARNING)
-    from windowkit.convert import convert as run_convert
+    from windowkit.conversion import convert as run_convert
     from windowkit.spec import WindowSpec
 
     spec = WindowSpec(length=length, stride=stride, sampling_rate=sampling_rate, horizon=horizon)

@@ -8,15 +8,15 @@ from typing import Any
 import numpy as np
 
 from windowkit._progress import human_size
+from windowkit.formats import get_format
 from windowkit.store import open_store
-
-_BLOCK_NAMES = {"tfrecord": "record", "zarr": "chunk", "parquet": "row group"}
 
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A plain-dict summary of the store at ``path``."""
     store = open_store(path)
     m = store.manifest
+    storage = get_format(m.format)
     data_bytes = sum(f.bytes for f in m.files if f.path.startswith("data/"))
     total_bytes = sum(f.bytes for f in m.files)
     row_bytes = store.dtype.itemsize
@@ -51,7 +51,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "data_bytes_on_disk": data_bytes,
         "store_bytes_on_disk": total_bytes,
         "files": len(m.files),
-        "data_files": len(m.data.get("shards") or m.data.get("files") or []),
+        "data_files": storage.data_files(m.data),
+        "block_name": storage.block_name,
     }
 
 
@@ -98,7 +99,7 @@ def render(summary: dict[str, Any]) -> str:
                                f"{summary['missing_rows']:,} rows with NaN or inf)")]
           if summary["missing_rows"] else []),
         ("blocks", f"{summary['block_rows']:,} rows ({human_size(summary['block_bytes'])}) per "
-                   f"{_BLOCK_NAMES.get(summary['format'], 'block')}"),
+                   f"{summary['block_name']}"),
         *([("data files", f"{summary['data_files']:,}")] if summary["data_files"] else []),
         ("compression", str(summary["compression"])),
         ("data on disk", f"{human_size(on_disk)} vs {human_size(raw)} raw{ratio}"),

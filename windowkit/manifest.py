@@ -126,7 +126,7 @@ class _Statistics(Strict):
 class _Manifest(Strict):
     format_version: Literal[2]
     store_id: HexId
-    format: Literal["tfrecord", "zarr", "parquet"]
+    format: Name
     dtype: Literal[DTYPES]  # type: ignore[valid-type]
     step_shape: tuple[int, ...] = Field(max_length=8)
     columns: list[Name] | None
@@ -144,6 +144,8 @@ class _Manifest(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> _Manifest:
+        if self.format not in FORMATS:
+            raise ValueError(f"format {self.format!r} is not one of {', '.join(FORMATS)}")
         items = int(np.prod(self.step_shape, dtype=np.int64))
         if any(d < 1 for d in self.step_shape) or items > MAX_STEP_ITEMS:
             raise ValueError(f"step_shape {list(self.step_shape)} must hold 1..{MAX_STEP_ITEMS} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,24 +13,23 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError
-from windowkit.formats import RowReader, get_format
-from windowkit.formats.base import ReaderSetup
-from windowkit.gather import DEFAULT_CACHE_BYTES, WindowGather
+from windowkit.formats import RowReader
 from windowkit.index import WindowRuns, iter_index
 from windowkit.manifest import Manifest, StoreGuard
+from windowkit.readers import DEFAULT_CACHE_BYTES, ReadPlan, StoreRows, WindowGather
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.keras_data import WindowPyDataset
+    from windowkit.readers.keras import WindowPyDataset
 
 Windows = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 def open_store(path: str | os.PathLike[str]) -> Store:
-    """Open a store of any format written by :func:`windowkit.convert`.
+    """Open a store of any format written by :func:`windowkit.conversion._pipeline`.
 
     The store is read as untrusted input: its manifest is validated first
     (types, ranges, paths inside the store, no symbolic links), and opening
@@ -160,26 +160,30 @@ class Store:
             return self._runs[split]
 
     # -- reading windows --------------------------------------------------------------
-    def row_reader(self) -> RowReader:
+    @cached_property
+    def rows(self) -> StoreRows:
+        """The store's rows and how to read them (what every reader starts from)."""
         m = self.manifest
-        setup = ReaderSetup(dtype=self.dtype, step_shape=self.step_shape,
-                            block_rows=m.block_rows, total_rows=m.total_rows,
-                            span=self.spec.span, check_store=self.guard.check,
-                            store_id=m.store_id)
-        return get_format(m.format).open_reader(self.path / "data", m.data, setup)
+        return StoreRows(path=self.path, format=m.format, spec=self.spec, dtype=self.dtype,
+                         step_shape=self.step_shape, total_rows=m.total_rows,
+                         block_rows=m.block_rows, data=m.data, store_id=m.store_id,
+                         statistics=m.normalization, target_index=self.target_index,
+                         guard=self.guard)
+
+    def read_plan(self, split: str = "train") -> ReadPlan:
+        """What a reader needs to read ``split``: the rows and the split's windows."""
+        return ReadPlan(**{f.name: getattr(self.rows, f.name) for f in fields(StoreRows)},
+                        split=split, runs=self.runs(split))
+
+    def row_reader(self) -> RowReader:
+        return self.rows.row_reader()
 
     def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
         """A new gatherer with its own block cache of ``cache_bytes``."""
-        return WindowGather(self.row_reader(), spec=self.spec, total_rows=self.manifest.total_rows,
-                            step_shape=self.step_shape, dtype=self.dtype,
-                            cache_bytes=cache_bytes, targets=self.target_index)
+        return self.rows.window_gather(cache_bytes)
 
     def normalizer(self) -> Normalizer:
-        stats = self.manifest.normalization
-        if stats is None:
-            raise StoreError(f"{self.path}: store has no normalization statistics (no "
-                             "training rows, or values whose statistics overflow float64)")
-        return Normalizer(stats, step_shape=self.step_shape, dtype=self.dtype)
+        return self.rows.normalizer()
 
     def windows(self, split: str, positions: Any, *, normalize: bool = False) -> Windows:
         """Windows at ``positions`` of the split's index (random access): ``x`` or,
@@ -192,9 +196,8 @@ class Store:
             gather = self._gather
         x, y = gather(starts)
         if normalize:
-            norm = self.normalizer()
-            x = norm(x)
-            y = norm.select(self.target_index)(y) if y is not None else None
+            x = self.rows.normalizer()(x)
+            y = self.rows.target_normalizer()(y) if y is not None else None
         return x if y is None else (x, y)
 
     def tf_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,
@@ -207,27 +210,21 @@ class Store:
         has a new order drawn from ``seed``. ``shuffle_blocks`` storage blocks'
         windows are permuted together (default: what ``cache_bytes`` holds).
         ``device`` (e.g. ``"/GPU:0"``) prefetches batches into that device's
-        memory. TFRecord stores are read by a pure-graph pipeline
-        (:mod:`windowkit.tf_records`), the others by index batches resolved in
-        parallel (:mod:`windowkit.tf_data`).
+        memory. Each format decides how its blocks are read (TFRecord in the
+        graph, Zarr and Parquet through their row readers); windows are cut in
+        the graph (:mod:`windowkit.readers.tf`).
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if shuffle_blocks is not None and shuffle_blocks < 1:
             raise InvalidSpecError(
                 f"shuffle_blocks must be >= 1 or None, got {shuffle_blocks!r}")
-        if self.manifest.format == "tfrecord":
-            from windowkit.tf_records import make_record_dataset as make
-        else:
-            from windowkit.tf_data import make_tf_dataset as make
-        ds = make(self, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                  drop_remainder=drop_remainder, normalize=normalize,
-                  shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes)
-        if device is not None:
-            from windowkit.tf_data import prefetch_to_device
+        from windowkit.readers.tf import tf_dataset
 
-            ds = prefetch_to_device(ds, device)
-        return ds
+        return tf_dataset(self.read_plan(split), batch_size=batch_size, shuffle=shuffle,
+                          seed=seed, drop_remainder=drop_remainder, normalize=normalize,
+                          shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes,
+                          device=device)
 
     def keras_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,
                       seed: int = 0, drop_remainder: bool = False, normalize: bool = False,
@@ -235,10 +232,10 @@ class Store:
                       max_queue_size: int = 10,
                       cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowPyDataset:
         """A ``keras.utils.PyDataset`` of batches of windows, a
-        :class:`windowkit.keras_data.WindowPyDataset` (see that module)."""
-        from windowkit.keras_data import WindowPyDataset
+        :class:`windowkit.readers.keras.WindowPyDataset` (see that module)."""
+        from windowkit.readers.keras import WindowPyDataset
 
-        return WindowPyDataset(self, split, batch_size, shuffle=shuffle, seed=seed,
+        return WindowPyDataset(self.read_plan(split), batch_size, shuffle=shuffle, seed=seed,
                                drop_remainder=drop_remainder, normalize=normalize,
                                workers=workers, use_multiprocessing=use_multiprocessing,
                                max_queue_size=max_queue_size, cache_bytes=cache_bytes)

@@ -12,25 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from windowkit._progress import progress_bar
+from windowkit.conversion import walk_files
 from windowkit.errors import WindowkitError
+from windowkit.formats import get_format
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
-from windowkit.workspace import walk_files
-
-
-def _stored_rows(root: Path, manifest: Manifest) -> int:
-    """Rows the data files say they hold (from their own metadata)."""
-    data = manifest.data
-    if manifest.format == "parquet":
-        return sum(pq.ParquetFile(root / f["path"]).metadata.num_rows for f in data["files"])
-    if manifest.format == "tfrecord":
-        records = pq.read_table(root / data["records"], columns=["rows"])
-        return int(records.column("rows").to_numpy().sum())
-    import zarr
-
-    return int(zarr.open_array(store=str(root / "data"), mode="r").shape[0])
 
 
 def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> list[str]:
@@ -71,7 +57,7 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> lis
     if problems:  # the structure checks below read the files just found damaged
         return problems
     try:
-        rows = _stored_rows(root, manifest)
+        rows = get_format(manifest.format).stored_rows(root, manifest.data)
         if rows != manifest.total_rows:
             problems.append(f"{root / 'data'}: holds {rows} rows, manifest says "
                             f"{manifest.total_rows}")

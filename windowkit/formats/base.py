@@ -12,13 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from pydantic import ValidationInfo, model_validator
 
 from windowkit._schema import Count, StorePath, Strict, context_value
 from windowkit.spec import WindowSpec
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from windowkit.readers.plan import ReadPlan
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,13 @@ class DataLayout:
     @property
     def num_blocks(self) -> int:
         return -(-self.total_rows // self.block_rows)
+
+    def data_section(self, **fields: Any) -> dict[str, Any]:
+        """A format's ``data`` section of the manifest: its ``fields`` and what
+        every format records (compression, raw bytes of the rows)."""
+        raw = self.total_rows * self.dtype.itemsize * int(np.prod(self.step_shape,
+                                                                  dtype=np.int64))
+        return {"compression": self.compression, "raw_bytes": raw, **fields}
 
 
 #: Key of the store id in data files' own metadata (Parquet, Zarr attributes).
@@ -184,4 +196,23 @@ class StorageFormat(Protocol):
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> RowReader:
         """A reader of global rows; ``data`` is what ``finish`` returned (validated)."""
+        ...
+
+    # -- what the rest of windowkit asks a format about its part of a store -----------
+    block_name: str  # what users call a storage block of this format ("chunk", ...)
+
+    def data_files(self, data: dict[str, Any]) -> int:
+        """How many data files (shards, parts) the store's ``data/`` has."""
+        ...
+
+    def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
+        """Rows the data files say they hold, from their own metadata (``verify``)."""
+        ...
+
+    def tf_block_groups(self, plan: ReadPlan, *, shuffle: bool, seed: int,
+                        shuffle_blocks: int | None, cache_bytes: int) -> tf.data.Dataset:
+        """How ``tf.data`` reads the store: a dataset of groups of blocks,
+        ``(rows, starts)``: the rows of a group of blocks (each with its halo)
+        and the positions in ``rows`` of the split's windows that start in them,
+        shuffled when asked."""
         ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,11 @@ from windowkit.formats.base import (
     check_data_files,
 )
 from windowkit.spec import WindowSpec
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from windowkit.readers.plan import ReadPlan
 
 OPEN_FILES = 2  # part files a reader keeps open
 COMPRESSIONS = ("zstd", "gzip", "none")
@@ -237,8 +242,21 @@ class ParquetFormat:
 
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"files": shards, "columns": value_columns(layout.step_shape, None)}
+        return layout.data_section(files=shards, columns=value_columns(layout.step_shape, None))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> ParquetRowReader:
         return ParquetRowReader(data_dir, data, setup)
+
+    block_name: str = "row group"
+
+    def data_files(self, data: dict[str, Any]) -> int:
+        return len(data["files"])
+
+    def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
+        return sum(pq.ParquetFile(root / f["path"]).metadata.num_rows for f in data["files"])
+
+    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
+        from windowkit.formats.tf_blocks import row_reader_groups
+
+        return row_reader_groups(plan, **options)

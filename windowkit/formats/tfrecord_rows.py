@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +52,11 @@ from windowkit.formats.tfrecord_io import (
     unframe_record,
 )
 from windowkit.spec import WindowSpec
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from windowkit.readers.plan import ReadPlan
 
 RECORDS_TABLE = "records.parquet"
 MAX_HALO_FRACTION = 0.05  # default blocks are long enough that halos add <= 5%
@@ -149,14 +154,30 @@ class TFRecordFormat:
                                          for s in shards]) for name in _RECORD_COLUMNS}
         table = pa.table(columns).replace_schema_metadata({STORE_ID_KEY: layout.store_id})
         pq.write_table(table, data_dir / RECORDS_TABLE, write_page_checksum=True)
-        return {"shards": [{k: s[k] for k in ("path", "first_row", "rows", "records")}
-                           for s in shards],
-                "records": f"data/{RECORDS_TABLE}",
-                "slot_rows": layout.block_rows + layout.window.span - 1}
+        return layout.data_section(
+            shards=[{k: s[k] for k in ("path", "first_row", "rows", "records")} for s in shards],
+            records=f"data/{RECORDS_TABLE}", slot_rows=layout.block_rows + layout.window.span - 1)
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> TFRecordRowReader:
         return TFRecordRowReader(data_dir, data, setup)
+
+    block_name: str = "record"
+
+    def data_files(self, data: dict[str, Any]) -> int:
+        return len(data["shards"])
+
+    def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
+        records = pq.read_table(root / data["records"], columns=["rows"])
+        return int(records.column("rows").to_numpy().sum())
+
+    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
+        """Read in the graph: :mod:`windowkit.formats.tfrecord_tf`."""
+        from windowkit.formats.tfrecord_tf import record_groups
+
+        reader = plan.row_reader()
+        assert isinstance(reader, TFRecordRowReader)
+        return record_groups(plan, reader.records, **options)
 
 
 class RecordTable:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import ValidationInfo, model_validator
@@ -21,6 +21,11 @@ from windowkit.formats.base import (
     ShardTask,
 )
 from windowkit.spec import WindowSpec
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from windowkit.readers.plan import ReadPlan
 
 COMPRESSIONS = ("zstd", "gzip", "none")
 _CHUNK_OVERHEAD = 64  # bytes a chunk file may add to its rows (checksum, frame headers)
@@ -106,12 +111,12 @@ class ZarrRowReader:
                          array.attrs.get(STORE_ID_KEY))
             except (OSError, ValueError, KeyError, TypeError) as exc:  # damaged metadata
                 raise StoreError(f"{where}: cannot open the Zarr array ({exc})") from exc
+            setup.check_store()  # after the read: the metadata read was this store's
             expected = ((setup.total_rows, *setup.step_shape),
                         (setup.block_rows, *setup.step_shape), setup.dtype, setup.store_id)
             if found != expected:
                 raise StoreError(f"{where}: the array (shape, chunks, dtype, store id) "
                                  f"{found} differs from the manifest's {expected}")
-            setup.check_store()
             self._array = array
         return self._array
 
@@ -193,8 +198,23 @@ class ZarrFormat:
 
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"array": ".", "chunk_rows": layout.block_rows}
+        return layout.data_section(array=".", chunk_rows=layout.block_rows)
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> ZarrRowReader:
         return ZarrRowReader(data_dir, setup)
+
+    block_name: str = "chunk"
+
+    def data_files(self, data: dict[str, Any]) -> int:
+        return 0  # one array; its chunk files are blocks
+
+    def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
+        import zarr
+
+        return int(zarr.open_array(store=str(root / "data"), mode="r").shape[0])
+
+    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
+        from windowkit.formats.tf_blocks import row_reader_groups
+
+        return row_reader_groups(plan, **options)

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from windowkit.formats.base import store_tag
-from windowkit.formats.tfrecord_rows import TFRecordRowReader
-from windowkit.tf_data import BlockWindows, batches_from_groups, default_group
+from windowkit.formats.tf_blocks import BlockWindows, default_group
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.store import Store
+    from windowkit.formats.tfrecord_rows import RecordTable
+    from windowkit.readers.plan import ReadPlan
 
 MAX_CYCLE_LENGTH = 4  # shards read at once when shuffling
 
@@ -58,29 +56,25 @@ def _from_raw(raw: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return tf.bitcast(raw, dtype)
 
 
-def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: bool, seed: int,
-                        drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
-                        cache_bytes: int, stage: str = "batches") -> tf.data.Dataset:
+def record_groups(plan: ReadPlan, records: RecordTable, *, shuffle: bool, seed: int,
+                  shuffle_blocks: int | None, cache_bytes: int) -> tf.data.Dataset:
+    """Groups of records (``records.parquet``) read and decoded in the graph:
+    ``(rows, starts)``."""
     import tensorflow as tf
 
-    manifest, step_shape = store.manifest, store.step_shape
-    reader = store.row_reader()
-    assert isinstance(reader, TFRecordRowReader)
-    records = reader.records
-    runs = store.runs(split)
-    windows = BlockWindows(runs, records["global_row"], records["rows"])
-    slot_rows = int(manifest.data["slot_rows"])
-    row_items = int(np.prod(step_shape, dtype=np.int64))
-    slot_bytes = slot_rows * row_items * store.dtype.itemsize
+    step_shape = plan.step_shape
+    windows = BlockWindows(plan.runs, records["global_row"], records["rows"])
+    slot_rows = int(plan.data["slot_rows"])
+    slot_bytes = slot_rows * plan.row_bytes
     group = default_group(shuffle_blocks, cache_bytes=cache_bytes, block_bytes=slot_bytes,
                           num_blocks=len(records))
-    dtype = tf.as_dtype(store.dtype)
+    dtype = tf.as_dtype(plan.dtype)
     raw_dtype = _decoded_type(dtype)
     features = {"record": tf.io.FixedLenFeature([], tf.int64),
                 "store": tf.io.FixedLenFeature([], tf.int64),
                 "data": tf.io.FixedLenFeature([], tf.string)}
-    tag = store_tag(manifest.store_id)
-    replaced = (f"{store.path}: the store was replaced while it was being read (a record "
+    tag = store_tag(plan.store_id)
+    replaced = (f"{plan.path}: the store was replaced while it was being read (a record "
                 f"of another store, expected store tag {tag}); open it again")
 
     def decode_group(serialized: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -100,8 +94,8 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
                 starts, seed=tf.stack([tf.constant(seed, tf.int64), key]))
         return rows, starts
 
-    compression = "GZIP" if manifest.data.get("compression") == "gzip" else ""
-    paths = [str(store.path / shard["path"]) for shard in manifest.data["shards"]]
+    compression = "GZIP" if plan.data["compression"] == "gzip" else ""
+    paths = [str(plan.path / shard["path"]) for shard in plan.data["shards"]]
     cycle = min(len(paths), MAX_CYCLE_LENGTH) if shuffle else 1
     files = tf.data.Dataset.from_tensor_slices(paths)
     if shuffle:
@@ -115,8 +109,4 @@ def make_record_dataset(store: Store, split: str, *, batch_size: int, shuffle: b
     ds = ds.batch(group)
     keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     ds = tf.data.Dataset.zip(ds, keys)
-    ds = ds.map(decode_group)  # one group at a time: memory; the cuts run in parallel
-    if stage == "blocks":  # the read + decode stage alone (for `windowkit bench`)
-        return ds
-    return batches_from_groups(ds, store, windows=runs.total, batch_size=batch_size,
-                               drop_remainder=drop_remainder, normalize=normalize)
+    return ds.map(decode_group)  # one group at a time: memory; the cuts run in parallel

@@ -1,12 +1,12 @@
 """The Keras reader: a ``keras.utils.PyDataset`` of whole batches.
 
 ``__getitem__(i)`` finds the windows of batch ``i`` in the epoch's seeded order
-(:class:`windowkit.order.EpochOrder`, random access, so Keras workers may ask for
+(:class:`windowkit.readers.EpochOrder`, random access, so Keras workers may ask for
 batches in any order) and resolves them with one vectorized gather over a block
 cache. ``on_epoch_end`` moves on to the next epoch's order.
 
-The dataset pickles as the store's path plus its arguments (the compact window
-runs travel along); each process builds its own block cache on first use, so it
+The dataset pickles as its read plan and arguments (the compact window runs
+travel along); each process builds its own block cache on first use, so it
 works with ``workers > 1`` threads and with ``use_multiprocessing=True``.
 
 The dataset already shuffles: pass ``shuffle=False`` to ``model.fit``, which
@@ -25,12 +25,17 @@ import keras
 import numpy as np
 
 from windowkit.errors import InvalidSpecError
-from windowkit.gather import DEFAULT_CACHE_BYTES, WindowGather
-from windowkit.order import EpochOrder, WindowOrder, num_batches
+from windowkit.readers import (
+    DEFAULT_CACHE_BYTES,
+    EpochOrder,
+    WindowGather,
+    WindowOrder,
+    num_batches,
+)
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
-    from windowkit.store import Store
+    from windowkit.readers.plan import ReadPlan
 
 Batch = np.ndarray | tuple[np.ndarray, np.ndarray]
 
@@ -60,24 +65,22 @@ class WindowPyDataset(keras.utils.PyDataset):
     Build it with :meth:`windowkit.Store.keras_dataset`.
     """
 
-    def __init__(self, store: Store, split: str = "train", batch_size: int = 256, *,
+    def __init__(self, plan: ReadPlan, batch_size: int = 256, *,
                  shuffle: bool = True, seed: int = 0, drop_remainder: bool = False,
                  normalize: bool = False, workers: int = 1, use_multiprocessing: bool = False,
                  max_queue_size: int = 10, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         super().__init__(workers=_check_int("workers", workers, 0),
                          use_multiprocessing=bool(use_multiprocessing),
                          max_queue_size=_check_int("max_queue_size", max_queue_size, 1))
-        self.store = store
-        self.split = split
+        self.plan = plan
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.shuffle = bool(shuffle)
         self.seed = _check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
         self.normalize = bool(normalize)
         self.cache_bytes = _check_int("cache_bytes", cache_bytes, 1)
-        self.runs = store.runs(split)  # checks the split; compact, pickles with the dataset
         if normalize:
-            store.normalizer()  # fail now, not in a worker, if the store has no statistics
+            plan.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
         self._reset_process_state()
 
@@ -100,13 +103,14 @@ class WindowPyDataset(keras.utils.PyDataset):
             self._reset_process_state()
         with self._lock:
             if self._local is None:
-                gather = self.store.window_gather(self.cache_bytes)
+                plan = self.plan
+                gather = plan.window_gather(self.cache_bytes)
                 order = WindowOrder(
-                    self.runs, shuffle=self.shuffle, seed=self.seed,
-                    block_rows=gather.pool.block_rows, total_rows=self.store.manifest.total_rows,
+                    plan.runs, shuffle=self.shuffle, seed=self.seed,
+                    block_rows=gather.pool.block_rows, total_rows=plan.total_rows,
                     blocks_per_group=gather.blocks_per_group)
-                norm = self.store.normalizer() if self.normalize else None
-                target_norm = norm.select(self.store.target_index) if norm else None
+                norm = plan.normalizer() if self.normalize else None
+                target_norm = plan.target_normalizer() if norm else None
                 self._local = _Local(gather, order, norm, target_norm)
             return self._local
 
@@ -129,10 +133,10 @@ class WindowPyDataset(keras.utils.PyDataset):
 
     @property
     def num_windows(self) -> int:
-        return self.runs.total
+        return self.plan.num_windows
 
     def __len__(self) -> int:
-        return num_batches(self.runs.total, self.batch_size, self.drop_remainder)
+        return num_batches(self.plan.num_windows, self.batch_size, self.drop_remainder)
 
     def __getitem__(self, index: int) -> Batch:
         """Batch ``index`` of the current epoch (negative counts from the end)."""
@@ -154,6 +158,6 @@ class WindowPyDataset(keras.utils.PyDataset):
         self._epoch += 1
 
     def __repr__(self) -> str:
-        return (f"<windowkit.WindowPyDataset {str(self.store.path)!r} split={self.split!r} "
+        return (f"<windowkit.WindowPyDataset {str(self.plan.path)!r} split={self.plan.split!r} "
                 f"batches={len(self)} batch_size={self.batch_size} shuffle={self.shuffle} "
                 f"epoch={self._epoch}>")

@@ -254,13 +254,13 @@ class WindowGather:
                 shape=(valid_starts, spec.horizon, *data.shape[1:]),
                 strides=(row_stride, rate * row_stride, *data.strides[1:]), writeable=False)
 
-    @property
-    def blocks_per_group(self) -> int:
-        """Blocks whose windows are mixed together: every block when the pool
-        holds the whole store, else a third of the pool, so that two neighbouring
-        groups and the batches in flight stay resident."""
-        if self.pool.capacity >= self.pool.num_blocks:
-            return self.pool.num_blocks
+    def blocks_per_group(self, num_blocks: int) -> int:
+        """Blocks whose windows are mixed together, of ``num_blocks`` holding
+        windows: all of them when the pool holds them all (nothing is evicted),
+        else a third of the pool, so that two neighbouring groups and the
+        batches in flight stay resident."""
+        if self.pool.capacity >= num_blocks:
+            return max(1, num_blocks)
         return max(1, self.pool.capacity // 3)
 
     def __call__(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

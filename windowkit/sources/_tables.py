@@ -193,6 +193,11 @@ def _times_int64(column: pa.Array, unit: str) -> np.ndarray:
     return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
 
 
+def _first_null(column: pa.Array) -> int:
+    """The position of the column's first empty value."""
+    return int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+
+
 class NotInOrderError(SourceError):
     """The rows of a series are not together in the table."""
 
@@ -261,54 +266,15 @@ class _Stager:
                 self.unit = "ns" if clock else "days"
 
     def batch(self, batch: pa.RecordBatch) -> None:
+        """Stage one record batch: its values, cut into runs of one series each."""
         n = batch.num_rows
         if n == 0:
             return
-        assert self.dtype is not None
-        columns = []
-        for name in self.features:
-            column = batch.column(name)
-            if column.null_count and not (self.allow_missing and self.dtype.kind == "f"):
-                at = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-                hint = ("; --nan skip needs float feature columns" if self.allow_missing else
-                        "; missing values are not allowed (--nan skip keeps the rows and "
-                        "leaves out the windows touching them)")
-                raise SourceError(f"{self.name}: {self._series_at(batch, at)}row "
-                                  f"{self._source_row(self.row + at)}, "
-                                  f"column {name!r} is missing (empty or NaN){hint}")
-            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-                    or pa.types.is_boolean(column.type)):
-                raise SourceError(f"{self.name}: column {name!r} is not numeric near row "
-                                  f"{self.row} ({column.type})")
-            if column.null_count:  # allowed: NaN, and the windows touching it are skipped
-                column = column.cast(pa.float64()).fill_null(np.nan)
-            columns.append(column.to_numpy(zero_copy_only=False))
-        values = np.column_stack(columns).astype(self.dtype.newbyteorder("<"), copy=False)
-        if self.options.series_col is not None:
-            keys = batch.column(self.options.series_col).cast(pa.string())
-            if keys.null_count:
-                row = self._source_row(self.row + int(np.flatnonzero(keys.is_null().to_numpy(
-                    zero_copy_only=False))[0]))
-                raise SourceError(f"{self.name}: row {row}, series column "
-                                  f"{self.options.series_col!r} is empty")
-            key_values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
-            cuts = np.flatnonzero(key_values[1:] != key_values[:-1]) + 1
-        else:
-            key_values = None
-            cuts = np.empty(0, dtype=np.int64)
-        times = None
-        if self.options.time_col is not None:
-            column = batch.column(self.options.time_col)
-            if column.null_count:
-                row = self._source_row(self.row + int(np.flatnonzero(column.is_null().to_numpy(
-                    zero_copy_only=False))[0]))
-                raise SourceError(f"{self.name}: row {row}, time column "
-                                  f"{self.options.time_col!r} is empty")
-            if self.text_times:
-                column = self._parse_text_times(column)
-            times = _times_int64(column, self.unit)
+        values = self._values(batch)
+        keys, cuts = self._series_runs(batch)
+        times = self._times(batch)
         for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [n]]), strict=True):
-            key = str(key_values[lo]) if key_values is not None else Path(self.name).stem
+            key = str(keys[lo]) if keys is not None else Path(self.name).stem
             if key != self.current:
                 self._start(key, self.row + int(lo))
             staged = [values[lo:hi].tobytes()]
@@ -322,6 +288,54 @@ class _Stager:
                     self.digest.update(part)
             self.current_rows += int(hi - lo)
         self.row += n
+
+    def _values(self, batch: pa.RecordBatch) -> np.ndarray:
+        """The feature values ``[rows, features]``, checked: numeric, and empty
+        only where allowed (then NaN)."""
+        assert self.dtype is not None
+        columns = []
+        for name in self.features:
+            column = batch.column(name)
+            if column.null_count and not (self.allow_missing and self.dtype.kind == "f"):
+                at = _first_null(column)
+                hint = ("; --nan skip needs float feature columns" if self.allow_missing else
+                        "; missing values are not allowed (--nan skip keeps the rows and "
+                        "leaves out the windows touching them)")
+                raise SourceError(f"{self.name}: {self._series_at(batch, at)}row "
+                                  f"{self._source_row(self.row + at)}, "
+                                  f"column {name!r} is missing (empty or NaN){hint}")
+            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+                    or pa.types.is_boolean(column.type)):
+                raise SourceError(f"{self.name}: column {name!r} is not numeric near row "
+                                  f"{self.row} ({column.type})")
+            if column.null_count:  # allowed: NaN, and the windows touching it are skipped
+                column = column.cast(pa.float64()).fill_null(np.nan)
+            columns.append(column.to_numpy(zero_copy_only=False))
+        return np.column_stack(columns).astype(self.dtype.newbyteorder("<"), copy=False)
+
+    def _series_runs(self, batch: pa.RecordBatch) -> tuple[np.ndarray | None, np.ndarray]:
+        """Each row's series key (None without a series column), and the rows
+        where the key changes."""
+        if self.options.series_col is None:
+            return None, np.empty(0, dtype=np.int64)
+        keys = batch.column(self.options.series_col).cast(pa.string())
+        if keys.null_count:
+            raise SourceError(f"{self.name}: row {self._source_row(self.row + _first_null(keys))}"
+                              f", series column {self.options.series_col!r} is empty")
+        values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
+        return values, np.flatnonzero(values[1:] != values[:-1]) + 1
+
+    def _times(self, batch: pa.RecordBatch) -> np.ndarray | None:
+        """The rows' times as int64 (None without a time column)."""
+        if self.options.time_col is None:
+            return None
+        column = batch.column(self.options.time_col)
+        if column.null_count:
+            raise SourceError(f"{self.name}: row {self._source_row(self.row + _first_null(column))}"
+                              f", time column {self.options.time_col!r} is empty")
+        if self.text_times:
+            column = self._parse_text_times(column)
+        return _times_int64(column, self.unit)
 
     def _parse_text_times(self, column: pa.Array) -> pa.Array:
         """Text times parsed with ``--time-format`` (strptime codes) into timestamps."""

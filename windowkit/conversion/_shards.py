@@ -21,14 +21,12 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from windowkit.conversion._workspace import fsync
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import Piece, ShardTask
 from windowkit.manifest import FileEntry
 from windowkit.sources import Series, check_finite
 from windowkit.stats import RunningStats
-from windowkit.workspace import fsync
-
-DEFAULT_SHARD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)

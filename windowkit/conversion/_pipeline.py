@@ -1,0 +1,219 @@
+"""The conversion pipeline, in small steps:
+
+plan (:mod:`._plan`) -> shard tasks written by an executor, resumable
+(:mod:`._shards`) -> the format's finish -> index tables, series table,
+statistics, manifest (:mod:`._finalize`) -> publish (:mod:`._workspace`).
+
+Everything is written into a locked workspace beside the target and renamed
+into place only after the manifest, so an interrupted conversion never leaves a
+half store under the target name; running it again resumes from the shards it
+finished whose source rows are unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from windowkit._progress import human_size, progress_bar
+from windowkit.conversion._finalize import finalize
+from windowkit.conversion._plan import StorePlan, plan_store
+from windowkit.conversion._shards import ShardResult, source_digest, write_shards
+from windowkit.conversion._workspace import Workspace, check_target
+from windowkit.conversion.options import DEFAULT_SHARD_BYTES, ConvertOptions
+from windowkit.errors import DiskSpaceError, InvalidSpecError, StoreExistsError, WindowkitError
+from windowkit.formats import get_format
+from windowkit.manifest import Manifest
+from windowkit.sources import (
+    DEFAULT_SORT_MEMORY,
+    Series,
+    SourceLike,
+    TableOptions,
+    check_consistent,
+    estimate_staged_bytes,
+    is_table,
+    open_sources,
+    source_files,
+    stage_table,
+)
+from windowkit.spec import WindowSpec
+
+if TYPE_CHECKING:
+    from windowkit.store import Store
+
+log = logging.getLogger("windowkit")
+
+
+def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "zarr",
+            window: WindowSpec | int, compression: str | None = None, seed: int = 0,
+            block_rows: int | None = None, shard_size: int = DEFAULT_SHARD_BYTES,
+            shards: int | None = None, workers: int = 1, overwrite: bool = False,
+            progress: bool = False, series_col: str | None = None,
+            time_col: str | None = None, columns: Sequence[str] | None = None,
+            max_gap: str | int | None = None,
+            splits: str | Mapping[str, float] | None = None, split_by: str = "time",
+            split_at: str | Sequence[str | int] | None = None, nan: str = "error",
+            target_columns: Sequence[str] | None = None,
+            sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None) -> Store:
+    """Write ``source`` into a new store at ``out`` and return it opened.
+
+    ``window`` is a :class:`WindowSpec` or a window length. ``compression``
+    defaults to the format's (zstd for Zarr and Parquet, none for TFRecord).
+    ``block_rows`` sets the rows per storage block (Zarr chunk, TFRecord record,
+    Parquet row group); by default a power of two near 1 MiB (256 KiB for
+    TFRecord). Data files
+    (TFRecord shards, Parquet parts) hold about ``shard_size`` bytes of rows, or
+    there are ``shards`` of them; ``workers`` processes write shards in
+    parallel. Rows are streamed block by block: peak memory does not grow with
+    the source.
+
+    A CSV or Parquet file, or a pandas DataFrame, is a table
+    (:mod:`windowkit.sources`): ``series_col`` names the series of a long table
+    (without it the table is one series), ``time_col`` its times (strictly
+    increasing per series; no window spans a gap larger than ``max_gap``,
+    by default each series' regular step; a text time column is parsed with
+    ``time_format``, strptime codes such as ``"%Y/%m/%d"``), ``columns`` the
+    features. A long
+    table whose series are interleaved is grouped in memory if it takes at
+    most ``sort_memory`` bytes there.
+
+    ``splits`` (``{"train": .8, "val": .2}`` or ``"train=0.8,val=0.2"``) cuts
+    each series chronologically (``split_by="series"``: whole series, seeded by
+    ``seed``), or ``split_at`` cuts at points in time; windows that would share
+    a row with another split are dropped (:mod:`windowkit.splits`).
+    Normalization statistics come from the training rows only.
+
+    ``target_columns`` (with a horizon) makes targets ``y`` hold only those
+    feature columns, ``[H, len(target_columns)]``; inputs keep every column.
+
+    ``nan="error"`` refuses NaN, infinity and empty table values, naming series,
+    row and column; ``nan="skip"`` keeps those rows and leaves every window
+    that touches one out of the index (and the rows out of the statistics).
+    """
+    from windowkit.store import open_store
+
+    table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap,
+                         time_format)
+    options = ConvertOptions.of(
+        format=format, window=window, compression=compression, splits=splits,
+        split_by=split_by, split_at=split_at, table=table, target_columns=target_columns,
+        seed=seed, block_rows=block_rows, shard_size=shard_size, shards=shards,
+        workers=workers, overwrite=overwrite, progress=progress, nan=nan,
+        sort_memory=sort_memory)
+    from_table = is_table(source)
+    series = [] if from_table else _open_arrays(source, table)  # checked before writing
+    out = Path(out)
+    check_target(out, overwrite=overwrite, sources=source_files(source))
+    workspace = Workspace(out)
+    workspace.lock()  # before staging: a second conversion must not touch our files
+    try:
+        if from_table:
+            series = _stage(source, workspace, options)
+        manifest = _write_store(workspace, series, options)
+        manifest.write(workspace.root)
+        workspace.publish(overwrite=overwrite)
+    except BaseException as exc:
+        _after_failure(workspace, exc)
+        raise
+    finally:
+        workspace.release()
+    return open_store(out)
+
+
+def _open_arrays(source: SourceLike, table: TableOptions) -> list[Series]:
+    if table != TableOptions():
+        raise InvalidSpecError("series_col, time_col, time_format, columns and max_gap "
+                               "apply to table sources (CSV, Parquet, DataFrame) only")
+    return open_sources(source)
+
+
+def _stage(source: SourceLike, workspace: Workspace, options: ConvertOptions) -> list[Series]:
+    """A table's series, staged in the workspace (after checking the disk space)."""
+    _check_disk_space(workspace.root, estimate_staged_bytes(source, options.table),
+                      "the staged table and the store")
+    return check_consistent(stage_table(source, options.table, workspace.prepare_staging(),
+                                        allow_missing=options.skip_missing,
+                                        sort_memory=options.sort_memory))
+
+
+def _after_failure(workspace: Workspace, exc: BaseException) -> None:
+    """Leave nothing behind after a user mistake; keep finished shards after
+    anything else (an interruption, a read error, too little space, a target
+    that appeared meanwhile), so that the same command resumes."""
+    mistake = isinstance(exc, WindowkitError) and not isinstance(
+        exc, (DiskSpaceError, StoreExistsError))
+    if workspace.inherited or (workspace.resumable and not mistake):
+        shutil.rmtree(workspace.staging, ignore_errors=True)
+        log.info("%s: conversion stopped; run the same command again to resume it",
+                 workspace.out)
+    else:
+        workspace.discard()
+
+
+def _check_disk_space(directory: Path, needed: int, what: str = "the store") -> None:
+    """Refuse to start writing what cannot fit on the target's disk."""
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise DiskSpaceError(f"{directory}: not enough disk space for {what}: it needs about "
+                             f"{human_size(needed)}, {human_size(free)} are free")
+
+
+def _write_store(workspace: Workspace, series: list[Series], options: ConvertOptions
+                 ) -> Manifest:
+    """Plan the store, write (or reuse) its shards, then its tables; return its manifest."""
+    plan = plan_store(series, options)
+    storage = get_format(options.format)
+    finished = _resume_or_start(workspace, plan)
+    reused = sum(f.bytes for result in finished.values() for f in result.files)
+    _check_disk_space(workspace.root, plan.needed_bytes() - reused)
+    data_dir = workspace.root / "data"
+    if not workspace.resumable:
+        data_dir.mkdir()
+        storage.prepare(data_dir, plan.layout, len(plan.tasks))
+        workspace.start(plan.key)
+    results = _write_shards(workspace, plan, options, finished)
+    data = storage.finish(data_dir, plan.layout, [r.summary for r in results])
+    return finalize(workspace, plan, options, results, data)
+
+
+def _write_shards(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
+                  finished: dict[int, ShardResult]) -> list[ShardResult]:
+    """Every shard not finished yet, in ``options.workers`` processes, each
+    recorded in the workspace as it finishes; a progress bar on request."""
+    row_bytes = plan.layout.row_bytes
+    with progress_bar(total=plan.layout.total_rows * row_bytes, desc="convert",
+                      enabled=options.progress) as bar:
+        return write_shards(plan.series, options.format, workspace.root / "data", plan.layout,
+                            plan.tasks, workers=options.workers,
+                            on_rows=lambda n: bar.update(n * row_bytes), finished=finished,
+                            on_finished=lambda n, r: workspace.shard_finished(
+                                n, r.to_marker()),
+                            train_ranges=plan.splits.train_ranges(),
+                            skip_missing=options.skip_missing)
+
+
+def _resume_or_start(workspace: Workspace, plan: StorePlan) -> dict[int, ShardResult]:
+    """The finished shards of an interrupted run of this plan whose source rows
+    are unchanged; else an empty workspace and none."""
+    markers = workspace.finished_shards(plan.key)
+    tasks = plan.tasks
+    if markers is not None:
+        for number, marker in sorted(markers.items()):
+            if number not in range(len(tasks)) or marker.get("source_digest") != (
+                    source_digest(plan.series, plan.placement, plan.layout, tasks[number])):
+                log.info("%s: the source rows of shard %d changed since the interrupted "
+                         "conversion; starting over", workspace.out, number)
+                markers = None
+                break
+    if markers is None:
+        workspace.start_over()
+        return {}
+    workspace.keep_only(markers)
+    if markers:
+        log.info("%s: resuming an interrupted conversion: %d of %d shards already written",
+                 workspace.out, len(markers), len(tasks))
+    return {n: ShardResult.from_marker(m) for n, m in markers.items()}

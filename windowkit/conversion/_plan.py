@@ -1,0 +1,171 @@
+"""Plan a store before writing it: the layout of its rows, its shards, its
+splits, and the keys that identify it (to resume, and as the store id)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from windowkit._version import __version__
+from windowkit.conversion._shards import SeriesLayout, plan_shards
+from windowkit.conversion.options import ConvertOptions
+from windowkit.errors import InvalidSpecError
+from windowkit.formats import DataLayout, get_format
+from windowkit.formats.base import ShardTask
+from windowkit.sources import ArraySeries, NpySeries, Series, StagedSeries
+from windowkit.spec import WindowSpec
+from windowkit.splits import SplitPlan
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """What a conversion writes, decided before it writes anything."""
+
+    format: str
+    series: list[Series]
+    layout: DataLayout  # with the store id
+    placement: SeriesLayout  # where each series' rows lie among the global rows
+    tasks: list[ShardTask]
+    splits: SplitPlan
+    columns: list[str] | None
+    target_columns: list[str] | None
+    fingerprint: str  # of the sources
+    key: str  # of everything the data files depend on: resume only the same plan
+
+    @property
+    def store_id(self) -> str:
+        return self.layout.store_id
+
+    def needed_bytes(self) -> int:
+        """About what the store takes on disk, at most: data files, index tables
+        (compressed, under 2 bytes a window) and the series table."""
+        layout = self.layout
+        pieces = self.placement.pieces_before(layout.total_rows, layout.block_rows)
+        data = get_format(self.format).max_data_bytes(layout, pieces)
+        return data + 2 * layout.total_rows + 256 * len(self.series) + (1 << 20)
+
+
+def choose_block_rows(row_bytes: int, min_rows: int, target_bytes: int) -> int:
+    """Rows per storage block: a power of two near ``target_bytes``, at least ``min_rows``."""
+    rows = max(1, target_bytes // max(1, row_bytes))
+    rows = 1 << round(np.log2(rows))
+    while rows < min_rows:
+        rows *= 2
+    return rows
+
+
+def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
+    """The plan of the store ``options`` ask for, from the checked ``series``."""
+    spec = options.window
+    _check_some_window(series, spec)
+    storage = get_format(options.format)
+    first = series[0]
+    row_bytes = first.dtype.itemsize * int(np.prod(first.step_shape, dtype=np.int64))
+    placement = SeriesLayout.of(series)
+    layout = DataLayout(
+        dtype=first.dtype, step_shape=first.step_shape, total_rows=int(placement.rows.sum()),
+        block_rows=options.block_rows or choose_block_rows(
+            row_bytes, storage.min_block_rows(spec), storage.target_block_bytes),
+        window=spec, compression=options.compression)
+    tasks = plan_shards(layout, placement, shard_bytes=options.shard_size,
+                        shards=options.shards)
+    splits = options.split.plan(series)
+    fingerprint = _fingerprint(series)
+    key = _plan_key(fingerprint, options, layout, tasks, splits)
+    targets = _resolve_targets(options.target_columns, series, spec)
+    layout = dataclasses.replace(layout, store_id=_store_id(key, options, targets))
+    return StorePlan(format=options.format, series=series, layout=layout, placement=placement,
+                     tasks=tasks, splits=splits, columns=column_names(series),
+                     target_columns=targets, fingerprint=fingerprint, key=key)
+
+
+def _check_some_window(series: list[Series], spec: WindowSpec) -> None:
+    longest = max(s.rows for s in series)
+    if longest < spec.span:
+        raise InvalidSpecError(
+            f"a window spans {spec.span} rows (length {spec.length}, horizon {spec.horizon}, "
+            f"sampling rate {spec.sampling_rate}), longer than every series (longest: "
+            f"{longest} rows)")
+
+
+def _fingerprint(series: list[Series]) -> str:
+    """A digest of what the sources are: files by path, size and modification
+    time (their rows are checked shard by shard on resume), arrays and tables
+    read from a DataFrame by a digest of their content."""
+    parts: list[Any] = []
+    for s in series:
+        entry: dict[str, Any] = {"key": s.key, "rows": s.rows, "dtype": str(s.dtype),
+                                 "step_shape": list(s.step_shape)}
+        if isinstance(s, StagedSeries):
+            entry.update(source=s.source_id, features=list(s.features))
+        elif isinstance(s, NpySeries):
+            stat = os.stat(s.path)
+            entry.update(path=os.path.abspath(s.path), bytes=stat.st_size,
+                         mtime_ns=stat.st_mtime_ns)
+        elif isinstance(s, ArraySeries):
+            entry.update(content=s.content_digest())
+        parts.append(entry)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _plan_key(fingerprint: str, options: ConvertOptions, layout: DataLayout,
+              tasks: list[ShardTask], splits: SplitPlan) -> str:
+    """A digest of everything the data files' rows depend on."""
+    plan = {"sources": fingerprint, "format": options.format,
+            "window": layout.window.to_dict(), "compression": layout.compression,
+            "block_rows": layout.block_rows, "seed": options.seed, "windowkit": __version__,
+            "shards": [[t.first_row, t.rows] for t in tasks], "splits": splits.key(),
+            "nan": options.nan}
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+
+
+def _store_id(plan_key: str, options: ConvertOptions, targets: list[str] | None) -> str:
+    """The store id: a digest of everything the store's bytes depend on, so the
+    same conversion (resumed, or on other workers) gives the same store."""
+    table = options.table
+    key = json.dumps([plan_key, [table.series_col, table.time_col, table.columns,
+                                 str(table.max_gap), table.time_format], targets],
+                     sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def column_names(series: list[Series]) -> list[str] | None:
+    """Feature names: a table's columns, else ``f0 .. f{F-1}`` for vector steps."""
+    first = series[0]
+    features = getattr(first, "features", None)
+    if features:
+        return list(features)
+    return [f"f{i}" for i in range(first.step_shape[0])] if first.step_shape else None
+
+
+def _resolve_targets(names: Sequence[str] | None, series: list[Series],
+                     spec: WindowSpec) -> list[str] | None:
+    """The target columns by name (a feature's name, or its position for arrays)."""
+    if not names:
+        return None
+    columns = column_names(series)
+    if spec.horizon == 0:
+        raise InvalidSpecError("target columns need a horizon (--horizon H >= 1): "
+                               "without one a window has no target")
+    if columns is None or len(series[0].step_shape) != 1:
+        raise InvalidSpecError(f"target columns need rows that are vectors of features; "
+                               f"these rows have shape {series[0].step_shape}")
+    chosen = []
+    for name in (str(n).strip() for n in names):
+        if name in columns:
+            chosen.append(name)
+        elif name.isdigit() and int(name) < len(columns):
+            chosen.append(columns[int(name)])
+        else:
+            raise InvalidSpecError(f"target column {name!r} is not a feature column "
+                                   f"(features: {', '.join(columns)})")
+    if len(set(chosen)) != len(chosen):
+        raise InvalidSpecError(f"target columns repeat a column: {', '.join(chosen)}")
+    return chosen

@@ -1,0 +1,150 @@
+"""How formats feed a store's blocks to ``tf.data``, and the graph lookups they share.
+
+A format's ``tf_block_groups`` yields *groups of blocks*: ``(rows, starts)``,
+the rows of a group of storage blocks (each followed by its halo of ``span - 1``
+rows) and the positions in ``rows`` of the split's windows that start in them.
+The readers (:mod:`windowkit.readers.tf`) then cut windows in the graph.
+
+- :func:`row_reader_groups`, the default (Zarr, Parquet): ``from_generator``
+  yields only block ids, one epoch's blocks with split windows in a seeded
+  random order, ``shuffle_blocks`` at a time; a ``py_function`` reads each
+  group with the format's row reader (neighbouring blocks as one range), one
+  Python call per group of megabytes, ahead of the consumer.
+- :class:`BlockWindows`: the split's window starts per block, a ragged lookup
+  in the graph (TFRecord uses it on records decoded in the graph).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from windowkit.errors import StoreError
+from windowkit.formats.base import RowReader
+from windowkit.index import WindowRuns
+from windowkit.sampler import Sampler, blocks_per_group
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from windowkit.readers.plan import ReadPlan
+
+GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)
+
+
+def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: int,
+                  num_blocks: int) -> int:
+    """Blocks whose windows are mixed together: ``shuffle_blocks``, else every
+    block holding windows when ``GROUP_SHARE`` copies of them fit ``cache_bytes``,
+    else what does."""
+    if shuffle_blocks is None:
+        return blocks_per_group(num_blocks, fits=cache_bytes // max(1, block_bytes),
+                                copies=GROUP_SHARE)
+    return max(1, min(shuffle_blocks, max(1, num_blocks)))
+
+
+class BlockWindows:
+    """The split's window starts in each block, as a graph-side ragged lookup."""
+
+    def __init__(self, runs: WindowRuns, block_first: np.ndarray, block_rows: np.ndarray
+                 ) -> None:
+        import tensorflow as tf
+
+        row_splits, first, count = runs.runs_per_block(block_first, block_rows)
+        self.windows = np.bincount(np.repeat(np.arange(len(block_first)), np.diff(row_splits)),
+                                   weights=count, minlength=len(block_first)).astype(np.int64)
+        self.stride = runs.stride
+        self._first = tf.RaggedTensor.from_row_splits(first, row_splits, validate=False)
+        self._count = tf.RaggedTensor.from_row_splits(count, row_splits, validate=False)
+
+    def starts(self, blocks: tf.Tensor, offsets: tf.Tensor) -> tf.Tensor:
+        """Row positions, in a tensor holding block ``blocks[i]`` at row
+        ``offsets[i]``, of the windows starting in those blocks (block order)."""
+        import tensorflow as tf
+
+        firsts = tf.gather(self._first, blocks)
+        counts = tf.gather(self._count, blocks)
+        within = tf.ragged.range(counts.flat_values)
+        run = within.value_rowids()
+        owner = tf.gather(firsts.value_rowids(), run)
+        return (tf.gather(firsts.flat_values, run) + within.flat_values * self.stride
+                + tf.gather(offsets, owner))
+
+
+class GroupLoader:
+    """Reads a group of blocks, each with its halo, into one array of rows."""
+
+    def __init__(self, reader: RowReader, *, total_rows: int, halo: int) -> None:
+        self.reader = reader
+        self.block_rows = reader.block_rows
+        self.total_rows = total_rows
+        self.halo = halo
+        self._lock = threading.Lock()  # readers keep open files: one read at a time
+
+    def __call__(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, offsets)``: block ``blocks[i]`` (ascending) starts at
+        ``rows[offsets[i]]`` and is followed by its halo. Runs of neighbouring
+        blocks are read with one call and share their rows."""
+        size = self.block_rows
+        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+        heads = np.concatenate([[0], breaks])
+        ends = np.concatenate([breaks, [len(blocks)]])
+        lo = blocks[heads] * size
+        hi = np.minimum(self.total_rows, (blocks[ends - 1] + 1) * size + self.halo)
+        run_offset = np.concatenate([[0], np.cumsum(hi - lo)])
+        offsets = (np.repeat(run_offset[:-1] - lo, ends - heads) + blocks * size).astype(np.int64)
+        with self._lock:
+            parts = [self.reader.read_rows(int(a), int(b)) for a, b in zip(lo, hi, strict=True)]
+        for k, part in enumerate(parts):  # a short read would shift every later block
+            if len(part) != hi[k] - lo[k]:
+                first, last = int(blocks[heads[k]]), int(blocks[ends[k] - 1])
+                which = f"block {first}" if first == last else f"blocks {first}..{last}"
+                raise StoreError(f"{which} (rows {lo[k]}..{hi[k]}): the store returned "
+                                 f"{len(part)} rows, expected {hi[k] - lo[k]}")
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return rows, offsets
+
+
+def row_reader_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
+                      shuffle_blocks: int | None, cache_bytes: int) -> tf.data.Dataset:
+    """Groups of blocks read through the format's row reader, one ``py_function``
+    call per group: ``(rows, starts)``, the starts shuffled when asked."""
+    import tensorflow as tf
+
+    spec, step_shape = plan.spec, plan.step_shape
+    block_rows, total_rows = plan.block_rows, plan.total_rows
+    block_first = np.arange(-(-total_rows // block_rows), dtype=np.int64) * block_rows
+    windows = BlockWindows(plan.runs, block_first,
+                           np.minimum(block_rows, total_rows - block_first))
+    useful = np.flatnonzero(windows.windows > 0)  # only blocks where split windows start
+    group = default_group(shuffle_blocks, cache_bytes=cache_bytes,
+                          block_bytes=(block_rows + spec.span - 1) * plan.row_bytes,
+                          num_blocks=len(useful))
+    sampler = Sampler(windows.windows, group=group, shuffle=shuffle, seed=seed)
+    epochs = itertools.count()
+
+    def block_groups() -> Iterator[tuple[np.ndarray, np.int64]]:
+        for blocks, key in sampler.groups(next(epochs)):
+            yield blocks, np.array([key], dtype=np.uint64).view(np.int64)[0]
+
+    loader = GroupLoader(plan.row_reader(), total_rows=total_rows, halo=spec.span - 1)
+    dtype = tf.as_dtype(plan.dtype)
+
+    def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        rows, offsets = tf.py_function(lambda b: loader(b.numpy()), [blocks],
+                                       [dtype, tf.int64])
+        rows = tf.ensure_shape(rows, [None, *step_shape])
+        starts = windows.starts(blocks, tf.ensure_shape(offsets, [None]))
+        if shuffle:
+            starts = tf.random.experimental.stateless_shuffle(
+                starts, seed=tf.stack([tf.constant(seed, tf.int64), key]))
+        return rows, starts
+
+    ds = tf.data.Dataset.from_generator(block_groups, output_signature=(
+        tf.TensorSpec(shape=(None,), dtype=tf.int64), tf.TensorSpec(shape=(), dtype=tf.int64)))
+    # one group read at a time (bounded memory), ahead of the cuts of the previous one
+    return ds.map(load, num_parallel_calls=1, deterministic=True)

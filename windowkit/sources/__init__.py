@@ -1,0 +1,28 @@
+"""Input series: ``.npy`` files and arrays (:mod:`._arrays`), and tables, CSV,
+Parquet and DataFrames, staged to memory-mapped files (:mod:`._tables`)."""
+
+from windowkit.sources._arrays import (
+    ArraySeries,
+    NpySeries,
+    Series,
+    SourceLike,
+    check_consistent,
+    check_finite,
+    open_sources,
+    source_files,
+)
+from windowkit.sources._tables import (
+    DEFAULT_SORT_MEMORY,
+    StagedSeries,
+    TableOptions,
+    estimate_staged_bytes,
+    is_table,
+    parse_gap,
+    parse_time,
+    stage_table,
+)
+
+__all__ = ["DEFAULT_SORT_MEMORY", "ArraySeries", "NpySeries", "Series", "SourceLike",
+           "StagedSeries", "TableOptions", "check_consistent", "check_finite",
+           "estimate_staged_bytes", "is_table", "open_sources", "parse_gap", "parse_time",
+           "source_files", "stage_table"]
