@@ -38,12 +38,6 @@ def window_starts(rows: int, spec: WindowSpec, *, first: int = 0,
     return np.arange(begin, max(begin, end), spec.stride, dtype=np.int64)
 
 
-def window_row_offsets(spec: WindowSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Row offsets from a window's start: ``(inputs [L], targets [H])``."""
-    steps = np.arange(spec.steps, dtype=np.int64) * spec.sampling_rate
-    return steps[: spec.length], steps[spec.length:]
-
-
 def stretches_without(stretches: list[tuple[int, int]], holes: np.ndarray
                       ) -> list[tuple[int, int]]:
     """The parts of row ranges ``stretches`` outside ``holes`` (``[k, 2]`` row

@@ -20,6 +20,7 @@ import numpy as np
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
 from windowkit.spec import WindowSpec
+from windowkit.windows import cut_windows
 
 DEFAULT_CACHE_BYTES = 24 << 20
 
@@ -240,19 +241,6 @@ class WindowGather:
         self.targets = targets  # the columns targets keep (None: all)
         self.pool = BlockPool(reader, total_rows=total_rows, halo=spec.span - 1,
                               step_shape=step_shape, dtype=dtype, cache_bytes=cache_bytes)
-        data = self.pool.data
-        row_stride = data.strides[0]
-        valid_starts = len(data) - spec.span + 1
-        rate = spec.sampling_rate
-        self._inputs = np.lib.stride_tricks.as_strided(
-            data, shape=(valid_starts, spec.length, *data.shape[1:]),
-            strides=(row_stride, rate * row_stride, *data.strides[1:]), writeable=False)
-        self._targets = None
-        if spec.horizon:
-            self._targets = np.lib.stride_tricks.as_strided(
-                data[spec.length * rate:],
-                shape=(valid_starts, spec.horizon, *data.shape[1:]),
-                strides=(row_stride, rate * row_stride, *data.strides[1:]), writeable=False)
 
     def blocks_per_group(self, num_blocks: int) -> int:
         """Blocks whose windows are mixed together, of ``num_blocks`` holding
@@ -272,12 +260,12 @@ class WindowGather:
         if len(unique) <= limit:
             return self._gather(starts, block, unique, inverse)
         # more blocks than one pass may pin: resolve in groups of blocks
-        x = np.empty((len(starts), *self._inputs.shape[1:]), dtype=self._inputs.dtype)
+        data, spec = self.pool.data, self.spec
+        x = np.empty((len(starts), spec.length, *data.shape[1:]), dtype=data.dtype)
         y = None
-        if self._targets is not None:
-            y_shape = self._targets.shape[1:] if self.targets is None else (
-                self.spec.horizon, len(self.targets))
-            y = np.empty((len(starts), *y_shape), dtype=self._targets.dtype)
+        if spec.horizon:
+            y_shape = data.shape[1:] if self.targets is None else (len(self.targets),)
+            y = np.empty((len(starts), spec.horizon, *y_shape), dtype=data.dtype)
         for lo in range(0, len(unique), limit):
             members = np.flatnonzero((inverse >= lo) & (inverse < lo + limit))
             part_x, part_y = self._gather(starts[members], block[members],
@@ -292,10 +280,6 @@ class WindowGather:
         slots = self.pool.acquire(unique)
         try:
             at = slots[inverse] * self.pool.slot_rows + (starts - block * self.pool.block_rows)
-            x = self._inputs[at]
-            y = self._targets[at] if self._targets is not None else None
-            if y is not None and self.targets is not None:
-                y = y[:, :, self.targets]
+            return cut_windows(self.pool.data, at, self.spec, self.targets)
         finally:
             self.pool.release(slots)
-        return x, y

@@ -26,6 +26,7 @@ from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
+from windowkit.windows import window_row_offsets
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -43,9 +44,9 @@ def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
     targets keep the ``targets`` columns only (None: all)."""
     import tensorflow as tf
 
-    input_offsets = tf.constant(np.arange(spec.length) * spec.sampling_rate, dtype=tf.int64)
-    target_offsets = tf.constant(
-        (spec.length + np.arange(spec.horizon)) * spec.sampling_rate, dtype=tf.int64)
+    inputs, horizon = window_row_offsets(spec)  # the NumPy readers' offsets too
+    input_offsets = tf.constant(inputs, dtype=tf.int64)
+    target_offsets = tf.constant(horizon, dtype=tf.int64)
 
     def cut_batch(rows: tf.Tensor, starts: tf.Tensor) -> Any:
         x = tf.gather(rows, starts[:, None] + input_offsets)

@@ -1,5 +1,7 @@
 """Input series: ``.npy`` files and arrays (:mod:`._arrays`), and tables, CSV,
-Parquet and DataFrames, staged to memory-mapped files (:mod:`._tables`)."""
+Parquet and DataFrames, staged to memory-mapped files (:mod:`._tables`), with
+their time columns (:mod:`._times`) and, when their series interleave,
+grouped first (:mod:`._grouping`)."""
 
 from windowkit.sources._arrays import (
     ArraySeries,
@@ -17,10 +19,9 @@ from windowkit.sources._tables import (
     TableOptions,
     estimate_staged_bytes,
     is_table,
-    parse_gap,
-    parse_time,
     stage_table,
 )
+from windowkit.sources._times import parse_gap, parse_time
 
 __all__ = ["DEFAULT_SORT_MEMORY", "ArraySeries", "NpySeries", "Series", "SourceLike",
            "StagedSeries", "TableOptions", "check_consistent", "check_finite",

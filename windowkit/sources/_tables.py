@@ -24,7 +24,6 @@ import hashlib
 import itertools
 import logging
 import os
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,8 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from windowkit._progress import human_size
-from windowkit.errors import InvalidSpecError, SourceError, SourceNotFoundError
+from windowkit.errors import SourceError, SourceNotFoundError
+from windowkit.sources._grouping import group_by_series, read_within
+from windowkit.sources._times import CLOCK_DIRECTIVES, parse_gap, time_unit, times_int64
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
@@ -44,7 +44,6 @@ _CSV_BLOCK_BYTES = 8 << 20
 _TIME_CHUNK = 1 << 20  # time differences examined at once
 DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
-_DAY_NS = 86400 * 10**9
 
 
 @dataclass(frozen=True)
@@ -63,71 +62,6 @@ def is_table(source: Any) -> bool:
     if isinstance(source, (str, os.PathLike)):
         return Path(source).suffix.lower() in TABLE_SUFFIXES
     return type(source).__name__ == "DataFrame" and hasattr(source, "columns")
-
-
-def parse_time(value: str | int, unit: str) -> int:
-    """A time cut point in the time column's int64 units: a number, or for dates
-    and timestamps an ISO date or date-time (UTC)."""
-    text = str(value).strip()
-    if re.fullmatch(r"-?\d+", text):
-        return int(text)
-    try:
-        if unit == "days":
-            return int(np.datetime64(text, "D").astype(np.int64))
-        if unit == "ns":
-            return int(np.datetime64(text.rstrip("Z"), "ns").astype(np.int64))
-    except ValueError:
-        pass
-    raise InvalidSpecError(f"split point {value!r} is not a time of the time column "
-                           f"(expected {'an ISO date or date-time' if unit else 'an integer'})")
-
-
-def parse_gap(value: str | int | None, unit: str) -> int | None:
-    """``max_gap`` in the time column's int64 units: a whole number of them, or
-    for dates and timestamps a duration that pandas reads (``90s``, ``5min``,
-    ``1h``, ``2D``, ``3 days``; whole days for dates)."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    if isinstance(value, bool) or not text:
-        raise InvalidSpecError(f"max gap {value!r} is not a number or a duration")
-    try:
-        number = float(text)
-    except ValueError:
-        gap = _duration(text, unit)
-    else:
-        if not number.is_integer():
-            raise InvalidSpecError(f"max gap {value!r} is not a whole number of the time "
-                                   f"column's units ({_UNIT_NAMES[unit]})")
-        gap = int(number)
-    if gap < 1:
-        raise InvalidSpecError(f"max gap must be >= 1, got {value!r}")
-    return gap
-
-
-_UNIT_NAMES = {"ns": "nanoseconds", "days": "days", "": "plain numbers"}
-
-
-def _duration(text: str, unit: str) -> int:
-    """A duration in the time column's units, parsed by pandas."""
-    if not unit:
-        raise InvalidSpecError(f"max gap {text!r} is not a number or a duration; the time "
-                               "column holds plain numbers, so give a whole number")
-    import pandas as pd
-
-    # pandas reads "2d" as days, with a warning to write "2D"
-    spelled = re.sub(r"(?<=\d)\s*d$", "D", text)
-    try:
-        nanoseconds = int(pd.Timedelta(spelled).value)
-    except ValueError:
-        raise InvalidSpecError(f"max gap {text!r} is not a number or a duration "
-                               "(examples: 3, 90s, 5min, 1h, 2D)") from None
-    if unit == "ns":
-        return nanoseconds
-    if nanoseconds % _DAY_NS:
-        raise InvalidSpecError(f"max gap {text!r} is not a whole number of days, the time "
-                               "column's unit")
-    return nanoseconds // _DAY_NS
 
 
 @dataclass
@@ -168,29 +102,6 @@ class StagedSeries:
             raise SourceError(f"{self.where}: staged rows {start}..{stop} cannot be read "
                               f"({exc})") from exc
         return np.array(rows)
-
-
-_CLOCK_DIRECTIVES = ("%H", "%I", "%M", "%S", "%f", "%p", "%z", "%T", "%R", "%c")
-
-
-def _time_unit(kind: pa.DataType) -> tuple[str, str | None]:
-    if pa.types.is_timestamp(kind):
-        return "ns", kind.tz
-    if pa.types.is_date(kind):
-        return "days", None
-    if pa.types.is_integer(kind):
-        return "", None
-    raise SourceError(f"time column has type {kind}; expected integers, dates or timestamps")
-
-
-def _times_int64(column: pa.Array, unit: str) -> np.ndarray:
-    if unit == "ns":
-        column = column.cast(pa.timestamp("ns", tz=column.type.tz))
-        return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
-    if unit == "days":
-        return column.cast(pa.date32()).cast(pa.int32()).to_numpy(
-            zero_copy_only=False).astype(np.int64)
-    return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
 
 
 def _first_null(column: pa.Array) -> int:
@@ -260,9 +171,9 @@ class _Stager:
             self.text_times = pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
                 pa.types.is_integer(kind) and opts.time_format is not None)  # e.g. 20240131
             if not self.text_times:
-                self.unit, self.tz = _time_unit(kind)
+                self.unit, self.tz = time_unit(kind)
             elif opts.time_format:  # text without a format is refused at its first value
-                clock = any(code in opts.time_format for code in _CLOCK_DIRECTIVES)
+                clock = any(code in opts.time_format for code in CLOCK_DIRECTIVES)
                 self.unit = "ns" if clock else "days"
 
     def batch(self, batch: pa.RecordBatch) -> None:
@@ -335,7 +246,7 @@ class _Stager:
                               f", time column {self.options.time_col!r} is empty")
         if self.text_times:
             column = self._parse_text_times(column)
-        return _times_int64(column, self.unit)
+        return times_int64(column, self.unit)
 
     def _parse_text_times(self, column: pa.Array) -> pa.Array:
         """Text times parsed with ``--time-format`` (strptime codes) into timestamps."""
@@ -535,24 +446,6 @@ def _stage(batches: Iterable[pa.RecordBatch], stager: _Stager, name: str) -> lis
     return series
 
 
-def _read_to_sort(source: Any, name: str, needed: list[str] | None, budget: int,
-                  refusal: NotInOrderError) -> pa.Table:
-    """The whole table in memory, if it fits ``budget`` bytes; else ``refusal``."""
-    if budget <= 0:
-        raise refusal
-    kept, size = [], 0
-    for batch in _batches(source, name, needed):
-        if needed:
-            batch = batch.select(needed)
-        size += batch.nbytes
-        if size > budget:
-            raise NotInOrderError(
-                f"{refusal} (the table is larger than the memory budget for sorting it here, "
-                f"--sort-memory {human_size(budget)})") from None
-        kept.append(batch)
-    return pa.Table.from_batches(kept)
-
-
 def stage_table(source: Any, options: TableOptions, staging: Path, *,
                 allow_missing: bool = False,
                 sort_memory: int = DEFAULT_SORT_MEMORY) -> list[StagedSeries]:
@@ -571,15 +464,12 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
         return _stage(_batches(source, name, needed),
                       _Stager(name, options, staging, source_id, allow_missing), name)
     except NotInOrderError as refusal:
-        table = _read_to_sort(source, name, needed, sort_memory, refusal)
+        if sort_memory <= 0:
+            raise
+        table = read_within(_batches(source, name, needed), needed, sort_memory, refusal)
+    assert options.series_col is not None  # only grouping is ever out of order
     log.info("%s: rows of each series are not together; grouping them in memory (%.0f MiB)",
              name, table.nbytes / 2**20)
-    assert options.series_col is not None  # only grouping is ever out of order
-    keys = table.column(options.series_col).combine_chunks()
-    order = pc.sort_indices(pc.dictionary_encode(keys).indices)  # stable: rows keep order
-    del keys
-    # the grouped rows are taken batch by batch: one copy of the table, not two
-    grouped = (batch for lo in range(0, len(order), _BATCH_ROWS)
-               for batch in table.take(order[lo:lo + _BATCH_ROWS]).to_batches())
+    grouped, origin = group_by_series(table, options.series_col, _BATCH_ROWS)
     return _stage(grouped, _Stager(name, options, staging, source_id, allow_missing,
-                                   origin=order.to_numpy()), name)
+                                   origin=origin), name)

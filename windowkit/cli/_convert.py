@@ -1,97 +1,17 @@
-"""The ``windowkit`` command line: parses options, calls the library.
-
-Every library error becomes one line on stderr and exit status 2.
-"""
+"""``windowkit convert``: sources into a store."""
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import os
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import click
 
-from windowkit.errors import WindowkitError
+from windowkit.cli._common import ByteSize, one_line_errors
 from windowkit.formats import FORMAT_NAMES
 
 
-def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except WindowkitError as exc:
-            click.echo(f"windowkit: error: {exc}", err=True)
-            sys.exit(2)
-        except OSError as exc:
-            click.echo(f"windowkit: error: {exc}", err=True)
-            sys.exit(1)
-
-    return wrapper
-
-
-class ByteSize(click.ParamType):
-    """A size such as ``64MiB``, ``1GB`` or ``1048576`` (bytes), parsed by pydantic."""
-
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> int:
-        from pydantic import ByteSize as Size
-        from pydantic import TypeAdapter, ValidationError
-
-        try:
-            size = int(TypeAdapter(Size).validate_python(value))
-        except ValidationError:
-            self.fail(f"{value!r} is not a size (examples: 64MiB, 1GB, 1048576)", param, ctx)
-        if size < 1:
-            self.fail(f"{value!r} is not a positive size", param, ctx)
-        return size
-
-
-_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
-
-
-class _OneLineUsageErrors(click.Group):
-    """Usage mistakes (a missing option, a bad choice) are one line too."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("standalone_mode", None)
-        try:
-            code = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
-        except _NO_ARGS_IS_HELP as exc:  # bare `windowkit`: the help, as usual
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            click.echo(f"windowkit: error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("windowkit: aborted", err=True)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
-
-
-@click.group(cls=_OneLineUsageErrors,
-             context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="windowkit")
-def main() -> None:
-    """Convert time series into window stores; inspect, verify and benchmark them."""
-    # TensorFlow's C++ start-up lines (CUDA probing, CPU features) are noise here;
-    # its real errors reach Python as exceptions
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    messages = logging.getLogger("windowkit")  # e.g. "resuming an interrupted conversion"
-    if not messages.handlers:
-        handler = logging.StreamHandler()  # stderr
-        handler.setFormatter(logging.Formatter("windowkit: %(message)s"))
-        messages.addHandler(handler)
-        messages.setLevel(logging.INFO)
-
-
-@main.command()
+@click.command()
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(FORMAT_NAMES), required=True,
               help="Storage format of the store.")
@@ -147,7 +67,7 @@ def main() -> None:
               help="Replace an existing windowkit store (or fill an empty directory); "
                    "anything else at --out is refused, and so is an --out holding a source.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@_one_line_errors
+@one_line_errors
 def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: int,
             sampling_rate: int, horizon: int, compression: str | None, seed: int,
             block_rows: int | None, shard_size: int, shards: int | None, workers: int,
@@ -179,62 +99,3 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "
                    f"{store.manifest.series['count']} series, {total} windows", err=True)
-
-
-@main.command()
-@click.argument("store_path", metavar="STORE")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-@_one_line_errors
-def inspect(store_path: str, as_json: bool) -> None:
-    """Show what a store holds."""
-    from windowkit.inspection import describe, render
-
-    summary = describe(store_path)
-    click.echo(json.dumps(summary, indent=2) if as_json else render(summary))
-
-
-@main.command()
-@click.argument("store_path", metavar="STORE")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@_one_line_errors
-def verify(store_path: str, quiet: bool) -> None:
-    """Re-check every file of STORE against its manifest (sizes, checksums, rows, index)."""
-    from windowkit.verify import verify_store
-
-    problems = verify_store(store_path, progress=not quiet)
-    for problem in problems:
-        click.echo(f"windowkit: verify: {problem}", err=True)
-    if problems:
-        sys.exit(1)
-    click.echo(f"{store_path}: ok")
-
-
-@main.command()
-@click.argument("store_path", metavar="STORE")
-@click.option("--split", default="train", show_default=True, help="Split to read.")
-@click.option("--batch-size", type=int, default=256, show_default=True, help="Windows per batch.")
-@click.option("--reader", type=click.Choice(["tf", "keras"]), default="tf", show_default=True,
-              help="tf: Store.tf_dataset; keras: Store.keras_dataset.")
-@click.option("--batches", type=int, default=None,
-              help="Batches to time after the warm-up [default: the rest of one epoch].")
-@click.option("--warmup", type=int, default=5, show_default=True,
-              help="Batches read before timing starts.")
-@click.option("--baseline", is_flag=True,
-              help="Also time every window materialized in memory, shuffle(10000).batch(B).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
-              help="Draw the stage timeline and throughput to this PNG.")
-@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed.")
-@_one_line_errors
-def bench(store_path: str, split: str, batch_size: int, reader: str, batches: int | None,
-          warmup: int, baseline: bool, plot_path: str | None, as_json: bool, seed: int) -> None:
-    """Measure how fast STORE's reader delivers windows, and where the time goes."""
-    from windowkit.bench import plot, render, run_bench
-    from windowkit.store import open_store
-
-    report = run_bench(open_store(store_path), split=split, batch_size=batch_size,
-                       reader=reader, batches=batches, warmup=warmup, baseline=baseline,
-                       seed=seed)
-    if plot_path:
-        plot(report, plot_path)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render(report))

@@ -1,0 +1,68 @@
+"""What every command shares: one-line errors, and sizes as options."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from windowkit.errors import WindowkitError
+
+
+def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except WindowkitError as exc:
+            click.echo(f"windowkit: error: {exc}", err=True)
+            sys.exit(2)
+        except OSError as exc:
+            click.echo(f"windowkit: error: {exc}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+class ByteSize(click.ParamType):
+    """A size such as ``64MiB``, ``1GB`` or ``1048576`` (bytes), parsed by pydantic."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        from pydantic import ByteSize as Size
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            size = int(TypeAdapter(Size).validate_python(value))
+        except ValidationError:
+            self.fail(f"{value!r} is not a size (examples: 64MiB, 1GB, 1048576)", param, ctx)
+        if size < 1:
+            self.fail(f"{value!r} is not a positive size", param, ctx)
+        return size
+
+
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class OneLineUsageErrors(click.Group):
+    """Usage mistakes (a missing option, a bad choice) are one line too."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("standalone_mode", None)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
+        except _NO_ARGS_IS_HELP as exc:  # bare `windowkit`: the help, as usual
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"windowkit: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("windowkit: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)

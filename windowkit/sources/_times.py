@@ -1,0 +1,104 @@
+"""Time columns of tables: their units, parsing text times, split points and gaps.
+
+Integer, date and timestamp columns are kept as int64: days for dates,
+nanoseconds since the epoch (UTC) for timestamps, the numbers themselves for
+integers. Text times are parsed with strptime codes (``--time-format``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+
+from windowkit.errors import InvalidSpecError, SourceError
+
+_DAY_NS = 86400 * 10**9
+#: strptime codes of a time of day: a format with one parses to timestamps, else dates
+CLOCK_DIRECTIVES = ("%H", "%I", "%M", "%S", "%f", "%p", "%z", "%T", "%R", "%c")
+
+
+def parse_time(value: str | int, unit: str) -> int:
+    """A time cut point in the time column's int64 units: a number, or for dates
+    and timestamps an ISO date or date-time (UTC)."""
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        if unit == "days":
+            return int(np.datetime64(text, "D").astype(np.int64))
+        if unit == "ns":
+            return int(np.datetime64(text.rstrip("Z"), "ns").astype(np.int64))
+    except ValueError:
+        pass
+    raise InvalidSpecError(f"split point {value!r} is not a time of the time column "
+                           f"(expected {'an ISO date or date-time' if unit else 'an integer'})")
+
+
+def parse_gap(value: str | int | None, unit: str) -> int | None:
+    """``max_gap`` in the time column's int64 units: a whole number of them, or
+    for dates and timestamps a duration that pandas reads (``90s``, ``5min``,
+    ``1h``, ``2D``, ``3 days``; whole days for dates)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if isinstance(value, bool) or not text:
+        raise InvalidSpecError(f"max gap {value!r} is not a number or a duration")
+    try:
+        number = float(text)
+    except ValueError:
+        gap = _duration(text, unit)
+    else:
+        if not number.is_integer():
+            raise InvalidSpecError(f"max gap {value!r} is not a whole number of the time "
+                                   f"column's units ({_UNIT_NAMES[unit]})")
+        gap = int(number)
+    if gap < 1:
+        raise InvalidSpecError(f"max gap must be >= 1, got {value!r}")
+    return gap
+
+
+_UNIT_NAMES = {"ns": "nanoseconds", "days": "days", "": "plain numbers"}
+
+
+def _duration(text: str, unit: str) -> int:
+    """A duration in the time column's units, parsed by pandas."""
+    if not unit:
+        raise InvalidSpecError(f"max gap {text!r} is not a number or a duration; the time "
+                               "column holds plain numbers, so give a whole number")
+    import pandas as pd
+
+    # pandas reads "2d" as days, with a warning to write "2D"
+    spelled = re.sub(r"(?<=\d)\s*d$", "D", text)
+    try:
+        nanoseconds = int(pd.Timedelta(spelled).value)
+    except ValueError:
+        raise InvalidSpecError(f"max gap {text!r} is not a number or a duration "
+                               "(examples: 3, 90s, 5min, 1h, 2D)") from None
+    if unit == "ns":
+        return nanoseconds
+    if nanoseconds % _DAY_NS:
+        raise InvalidSpecError(f"max gap {text!r} is not a whole number of days, the time "
+                               "column's unit")
+    return nanoseconds // _DAY_NS
+
+
+def time_unit(kind: pa.DataType) -> tuple[str, str | None]:
+    if pa.types.is_timestamp(kind):
+        return "ns", kind.tz
+    if pa.types.is_date(kind):
+        return "days", None
+    if pa.types.is_integer(kind):
+        return "", None
+    raise SourceError(f"time column has type {kind}; expected integers, dates or timestamps")
+
+
+def times_int64(column: pa.Array, unit: str) -> np.ndarray:
+    if unit == "ns":
+        column = column.cast(pa.timestamp("ns", tz=column.type.tz))
+        return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if unit == "days":
+        return column.cast(pa.date32()).cast(pa.int32()).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+    return column.cast(pa.int64()).to_numpy(zero_copy_only=False)

@@ -1,0 +1,33 @@
+"""What a window is, defined once: the rows it reads, and cutting them.
+
+A window starting at row ``r`` reads inputs ``r + input_offsets`` and targets
+``r + target_offsets`` (:func:`window_row_offsets`). :func:`cut_windows` cuts a
+batch in NumPy (the Keras reader and random access); the ``tf.data`` readers cut
+in the graph with the same offsets (:func:`windowkit.readers.tf.batch_cutter`).
+The test suite checks the two against each other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from windowkit.spec import WindowSpec
+
+
+def window_row_offsets(spec: WindowSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Row offsets from a window's start: ``(inputs [L], targets [H])``."""
+    steps = np.arange(spec.steps, dtype=np.int64) * spec.sampling_rate
+    return steps[: spec.length], steps[spec.length:]
+
+
+def cut_windows(rows: np.ndarray, starts: np.ndarray, spec: WindowSpec,
+                targets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The windows starting at ``starts`` in ``rows``: ``x [B, L, ...]`` and, with
+    a horizon, ``y [B, H, ...]`` (only the ``targets`` columns, if given)."""
+    inputs, horizon = window_row_offsets(spec)
+    starts = np.asarray(starts, dtype=np.int64)[:, None]
+    x = rows[starts + inputs]
+    if not spec.horizon:
+        return x, None
+    y = rows[starts + horizon]
+    return x, (y if targets is None else y[:, :, targets])
