@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,12 +34,8 @@ from windowkit.formats.base import (
     ShardTask,
     check_data_files,
 )
+from windowkit.formats.tf_blocks import ReadsBlocksInPython
 from windowkit.spec import WindowSpec
-
-if TYPE_CHECKING:
-    import tensorflow as tf
-
-    from windowkit.readers.plan import ReadPlan
 
 OPEN_FILES = 2  # part files a reader keeps open
 COMPRESSIONS = ("zstd", "gzip", "none")
@@ -206,7 +202,7 @@ class ParquetRowReader:
         return np.ascontiguousarray(out, dtype=self._dtype)
 
 
-class ParquetFormat:
+class ParquetFormat(ReadsBlocksInPython):
     name: str = "parquet"
     compressions: tuple[str, ...] = COMPRESSIONS
     default_compression: str = "zstd"
@@ -255,8 +251,3 @@ class ParquetFormat:
 
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
         return sum(pq.ParquetFile(root / f["path"]).metadata.num_rows for f in data["files"])
-
-    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
-        from windowkit.formats.tf_blocks import row_reader_groups
-
-        return row_reader_groups(plan, **options)

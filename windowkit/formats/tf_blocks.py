@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,14 @@ if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
 
 GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)
+
+
+class ReadsBlocksInPython:
+    """For formats whose blocks ``tf.data`` reads through their row reader, a
+    ``py_function`` per group of blocks (:func:`row_reader_groups`)."""
+
+    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
+        return row_reader_groups(plan, **options)
 
 
 def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: int,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import ValidationInfo, model_validator
@@ -20,12 +20,8 @@ from windowkit.formats.base import (
     ReadSeries,
     ShardTask,
 )
+from windowkit.formats.tf_blocks import ReadsBlocksInPython
 from windowkit.spec import WindowSpec
-
-if TYPE_CHECKING:
-    import tensorflow as tf
-
-    from windowkit.readers.plan import ReadPlan
 
 COMPRESSIONS = ("zstd", "gzip", "none")
 _CHUNK_OVERHEAD = 64  # bytes a chunk file may add to its rows (checksum, frame headers)
@@ -142,7 +138,7 @@ class ZarrRowReader:
         return rows
 
 
-class ZarrFormat:
+class ZarrFormat(ReadsBlocksInPython):
     name: str = "zarr"
     compressions: tuple[str, ...] = COMPRESSIONS
     default_compression: str = "zstd"
@@ -213,8 +209,3 @@ class ZarrFormat:
         import zarr
 
         return int(zarr.open_array(store=str(root / "data"), mode="r").shape[0])
-
-    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
-        from windowkit.formats.tf_blocks import row_reader_groups
-
-        return row_reader_groups(plan, **options)
