@@ -20,7 +20,7 @@ import numpy as np
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
 from windowkit.spec import WindowSpec
-from windowkit.windows import cut_windows
+from windowkit.windows import take_windows, window_views
 
 DEFAULT_CACHE_BYTES = 24 << 20
 
@@ -241,6 +241,7 @@ class WindowGather:
         self.targets = targets  # the columns targets keep (None: all)
         self.pool = BlockPool(reader, total_rows=total_rows, halo=spec.span - 1,
                               step_shape=step_shape, dtype=dtype, cache_bytes=cache_bytes)
+        self._views = window_views(self.pool.data, spec)  # every window of every slot
 
     def blocks_per_group(self, num_blocks: int) -> int:
         """Blocks whose windows are mixed together, of ``num_blocks`` holding
@@ -280,6 +281,6 @@ class WindowGather:
         slots = self.pool.acquire(unique)
         try:
             at = slots[inverse] * self.pool.slot_rows + (starts - block * self.pool.block_rows)
-            return cut_windows(self.pool.data, at, self.spec, self.targets)
+            return take_windows(self._views, at, self.targets)
         finally:
             self.pool.release(slots)
