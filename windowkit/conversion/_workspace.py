@@ -304,6 +304,12 @@ class Workspace:
         to the target and delete the store it replaces (its files only)."""
         check_target(self.out, overwrite=overwrite)  # it may have appeared meanwhile
         old_files = store_files(self.out) if os.path.lexists(self.out) else None
+        if os.path.lexists(self.out) and old_files is None:  # an empty directory
+            try:
+                os.rmdir(self.out)
+            except OSError as exc:  # something appeared in it: keep our work, touch nothing
+                raise StoreExistsError(f"{self.out}: target is no longer empty; nothing "
+                                       "was changed (run again to finish)") from exc
         for name in (RESUME_DIR, STAGING_DIR):
             shutil.rmtree(self.root / name, ignore_errors=True)
         os.unlink(self.root / MARKER)
@@ -312,13 +318,10 @@ class Workspace:
                 fsync(Path(directory) / name)
             fsync(Path(directory))
         retired = None
-        if os.path.lexists(self.out):
-            if old_files is None:  # an empty directory (check_target)
-                os.rmdir(self.out)
-            else:
-                retired = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.windowkit-old-",
-                                                dir=self.out.parent))
-                os.replace(self.out, retired)
+        if old_files is not None:  # a windowkit store: moved aside, deleted by name below
+            retired = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.windowkit-old-",
+                                            dir=self.out.parent))
+            os.replace(self.out, retired)
         os.replace(self.root, self.out)
         fsync(self.out.parent)
         if retired is not None and old_files is not None:
