@@ -1,4 +1,5 @@
-"""Storage formats behind one writer/reader interface, chosen by name."""
+"""Storage formats behind one interface (:mod:`.base`), chosen by name from a
+registry; adding a format adds a module here and a line to ``FORMATS``."""
 
 from __future__ import annotations
 

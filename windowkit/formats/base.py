@@ -1,7 +1,10 @@
 """The interface every storage format implements.
 
-Formats only serialize rows: the conversion pipeline owns series, windows, the
-index and the manifest. Global row numbers are the concatenation of all series.
+A format owns everything about its part of a store (``data/``): how rows are
+written and read, its typed section of the manifest, how its files are
+verified and described, and how ``tf.data`` reads its blocks. The conversion
+pipeline owns series, windows, the index and the rest of the manifest. Global
+row numbers are the concatenation of all series.
 The pipeline cuts the rows into *shards* (runs of whole storage blocks) that are
 written independently, possibly in parallel processes; each shard is handed to
 the format as *pieces*: the rows of one series inside one storage block.
