@@ -158,6 +158,6 @@ def test_invalid_arguments() -> None:
     with pytest.raises(InvalidSpecError, match="seed must be an integer >= 0, got -1"):
         WindowOrder(runs, shuffle=True, seed=-1, block_rows=4, total_rows=10,
                     blocks_per_group=1)
-    with pytest.raises(InvalidSpecError, match="blocks_per_group must be >= 1"):
+    with pytest.raises(InvalidSpecError, match="blocks_per_group must be an integer >= 1"):
         WindowOrder(runs, shuffle=True, seed=0, block_rows=4, total_rows=10,
                     blocks_per_group=0)

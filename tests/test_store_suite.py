@@ -398,7 +398,7 @@ def test_tf_dataset_rejects_bad_arguments(fmt: str, tmp_path: Path) -> None:
     store = wk.convert(_numbered_series([40]), tmp_path / "s", format=fmt, window=4)
     with pytest.raises(wk.InvalidSpecError, match="batch_size must be an integer >= 1, got 0"):
         store.tf_dataset("train", 0)
-    with pytest.raises(wk.InvalidSpecError, match="shuffle_blocks must be >= 1 or None, got 0"):
+    with pytest.raises(wk.InvalidSpecError, match="shuffle_blocks must be an integer >= 1, got 0"):
         store.tf_dataset("train", 8, shuffle_blocks=0)
 
 

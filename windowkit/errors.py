@@ -38,3 +38,13 @@ class DiskSpaceError(StoreError):
 
 class StoreReplacedError(StoreError):
     """The store was replaced (e.g. by ``convert --overwrite``) while it was read."""
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int if it is an integer (Python or NumPy, not bool) of at
+    least ``minimum``; else one clear error naming ``name``."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError
+from windowkit.errors import InvalidSpecError, check_int
 from windowkit.permutation import GOLDEN, index_shuffle, mix
 
 
@@ -34,10 +34,8 @@ class Sampler:
 
     def __init__(self, windows_per_block: np.ndarray, *, group: int, shuffle: bool,
                  seed: int) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise InvalidSpecError(f"seed must be an integer >= 0, got {seed!r}")
-        if group < 1:
-            raise InvalidSpecError(f"blocks_per_group must be >= 1, got {group}")
+        seed = check_int("seed", seed, 0)
+        group = check_int("blocks_per_group", group, 1)
         counts = np.asarray(windows_per_block, dtype=np.int64)
         self.blocks = np.flatnonzero(counts > 0)  # the blocks holding windows of the split
         self.group = int(min(group, max(1, len(self.blocks))))

@@ -5,23 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from windowkit.errors import InvalidSpecError
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                value = int(value)
-        except ImportError:  # pragma: no cover - numpy is a hard dependency
-            pass
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value}")
-    return value
+from windowkit.errors import check_int
 
 
 @dataclass(frozen=True)
@@ -41,12 +25,12 @@ class WindowSpec:
     horizon: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "length", _check_int("window length", self.length, 1))
-        object.__setattr__(self, "stride", _check_int("stride", self.stride, 1))
+        object.__setattr__(self, "length", check_int("window length", self.length, 1))
+        object.__setattr__(self, "stride", check_int("stride", self.stride, 1))
         object.__setattr__(
-            self, "sampling_rate", _check_int("sampling rate", self.sampling_rate, 1)
+            self, "sampling_rate", check_int("sampling rate", self.sampling_rate, 1)
         )
-        object.__setattr__(self, "horizon", _check_int("horizon", self.horizon, 0))
+        object.__setattr__(self, "horizon", check_int("horizon", self.horizon, 0))
 
     @property
     def steps(self) -> int:

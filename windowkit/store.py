@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError
+from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError, check_int
 from windowkit.formats import RowReader
 from windowkit.index import WindowRuns, iter_index
 from windowkit.manifest import Manifest, StoreGuard
@@ -214,11 +214,9 @@ class Store:
         graph, Zarr and Parquet through their row readers); windows are cut in
         the graph (:mod:`windowkit.readers.tf`).
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if shuffle_blocks is not None and shuffle_blocks < 1:
-            raise InvalidSpecError(
-                f"shuffle_blocks must be >= 1 or None, got {shuffle_blocks!r}")
+        check_int("batch_size", batch_size, 1)
+        if shuffle_blocks is not None:
+            check_int("shuffle_blocks", shuffle_blocks, 1)
         from windowkit.readers.tf import tf_dataset
 
         return tf_dataset(self.read_plan(split), batch_size=batch_size, shuffle=shuffle,

@@ -101,8 +101,9 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
     missing = np.concatenate([r.missing for r in results])  # global rows, ascending
     index = write_index_tables(root, plan, missing)
     write_series_table(root, plan, index.windows_per_series)
-    stats = merged_stats(results).to_dict()
-    if stats is None and merged_stats(results).count:
+    merged = merged_stats(results)
+    stats = merged.to_dict()
+    if stats is None and merged.count:
         log.warning("%s: the values' statistics overflow float64; the store has no "
                     "normalization statistics (normalize=True is refused)", workspace.out)
     known = {f.path: f for result in results for f in result.files}

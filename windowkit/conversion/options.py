@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError
+from windowkit.errors import InvalidSpecError, check_int
 from windowkit.formats import get_format
 from windowkit.sources import DEFAULT_SORT_MEMORY, Series, StagedSeries, TableOptions, parse_time
 from windowkit.spec import WindowSpec
@@ -40,12 +40,6 @@ class SplitOptions:
         if self.by == "series":
             return SplitPlan.by_series(rows, self.fractions, self.seed)
         return SplitPlan.chronological(rows, self.fractions)
-
-
-def _check_count(name: str, value: int | None, *, minimum: int = 1) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < minimum):
-        raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -92,7 +86,8 @@ class ConvertOptions:
             target_columns=tuple(target_columns) if target_columns else None,
             **rest)  # type: ignore[arg-type]
         for name in ("block_rows", "shard_size", "shards", "workers"):
-            _check_count(name.replace("_", " "), getattr(options, name))
+            if getattr(options, name) is not None:
+                check_int(name.replace("_", " "), getattr(options, name), 1)
         if options.nan not in ("error", "skip"):
             raise InvalidSpecError(f"nan must be 'error' or 'skip', got {options.nan!r}")
         return options

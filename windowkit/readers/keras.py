@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 import numpy as np
 
-from windowkit.errors import InvalidSpecError
+from windowkit.errors import check_int
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
     EpochOrder,
@@ -41,12 +41,6 @@ Batch = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 # attributes built per process, never pickled
 _PROCESS_LOCAL = ("_lock", "_pid", "_local", "_current")
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -69,16 +63,16 @@ class WindowPyDataset(keras.utils.PyDataset):
                  shuffle: bool = True, seed: int = 0, drop_remainder: bool = False,
                  normalize: bool = False, workers: int = 1, use_multiprocessing: bool = False,
                  max_queue_size: int = 10, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        super().__init__(workers=_check_int("workers", workers, 0),
+        super().__init__(workers=check_int("workers", workers, 0),
                          use_multiprocessing=bool(use_multiprocessing),
-                         max_queue_size=_check_int("max_queue_size", max_queue_size, 1))
+                         max_queue_size=check_int("max_queue_size", max_queue_size, 1))
         self.plan = plan
-        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
         self.shuffle = bool(shuffle)
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
         self.normalize = bool(normalize)
-        self.cache_bytes = _check_int("cache_bytes", cache_bytes, 1)
+        self.cache_bytes = check_int("cache_bytes", cache_bytes, 1)
         if normalize:
             plan.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
@@ -129,7 +123,7 @@ class WindowPyDataset(keras.utils.PyDataset):
 
     @epoch.setter
     def epoch(self, value: int) -> None:
-        self._epoch = _check_int("epoch", value, 0)
+        self._epoch = check_int("epoch", value, 0)
 
     @property
     def num_windows(self) -> int:

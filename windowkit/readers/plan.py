@@ -50,13 +50,6 @@ class StoreRows:
     def row_bytes(self) -> int:
         return self.dtype.itemsize * int(np.prod(self.step_shape, dtype=np.int64))
 
-    @property
-    def window_bytes(self) -> int:
-        """Bytes of one window's inputs and targets."""
-        target_width = 1.0 if self.target_index is None or not self.step_shape else (
-            len(self.target_index) / self.step_shape[0])
-        return int(self.row_bytes * (self.spec.length + self.spec.horizon * target_width))
-
     def row_reader(self) -> RowReader:
         """A new reader of the store's global rows (it opens files lazily)."""
         setup = ReaderSetup(dtype=self.dtype, step_shape=self.step_shape,
