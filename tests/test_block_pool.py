@@ -14,8 +14,8 @@ import pytest
 
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
-from windowkit.formats.tf_blocks import GroupLoader
 from windowkit.readers import BlockPool, WindowGather
+from windowkit.readers._groups import GroupLoader
 from windowkit.spec import WindowSpec
 
 BLOCK_ROWS = 4

@@ -55,3 +55,42 @@ def test_a_small_split_mixes_its_own_blocks(tmp_path: Path, fmt: str) -> None:
         store.runs("val").global_starts(np.arange(store.num_windows("val"))).tolist())
     blocks_per_batch = [len(np.unique(s // block_rows)) for s in starts[:-1]]
     assert np.mean(blocks_per_batch) >= 3.0, blocks_per_batch
+
+
+@given(counts=st.lists(st.integers(0, 5), min_size=1, max_size=80),
+       group=st.integers(1, 9), key=st.integers(0, 2**64 - 1), shuffle=st.booleans())
+def test_the_graph_sampler_equals_the_numpy_sampler(counts: list[int], group: int, key: int,
+                                                    shuffle: bool) -> None:
+    """The tf.data readers order an epoch in the graph: the same groups, in the
+    same order, with the same keys, as the NumPy sampler for the same epoch key."""
+    import tensorflow as tf
+
+    sampler = Sampler(np.array(counts), group=group, shuffle=shuffle, seed=0)
+    expected = list(sampler.groups(0, key=np.uint64(key)))
+    blocks, keys = (t.numpy() for t in sampler.tf_epoch(tf.constant(key, tf.uint64)))
+    assert blocks.tolist() == [b for group, _ in expected for b in group.tolist()]
+    assert keys.view(np.uint64).tolist() == [int(k) for group, k in expected
+                                             for _ in range(len(group))]
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "zarr", "parquet"])
+def test_tf_dataset_visits_blocks_in_the_samplers_order(tmp_path: Path, fmt: str) -> None:
+    """Every format's tf.data reader follows the sampler: with one block per group,
+    an epoch's windows come block by block in the order the sampler gives for the
+    epoch's key, and the next iteration is the next epoch."""
+    block_rows, rows = 64, 700
+    series = [np.arange(k * rows, (k + 1) * rows, dtype=np.float64)[:, None] for k in range(5)]
+    store = wk.convert(series, tmp_path / "s", format=fmt, window=wk.WindowSpec(4),
+                       block_rows=block_rows, splits={"train": 0.7, "val": 0.3})
+    ds = store.tf_dataset("val", 50, seed=9, shuffle_blocks=1)
+    plan = store.read_plan("val")
+    counts = np.bincount(plan.runs.global_starts(np.arange(plan.num_windows)) // block_rows,
+                         minlength=-(-plan.total_rows // block_rows))
+    sampler = Sampler(counts, group=1, shuffle=True, seed=9)
+    keys = iter(sampler.tf_epoch_keys().repeat(2).as_numpy_iterator())
+    for _ in range(2):  # two epochs: two iterations of the dataset
+        starts = np.concatenate([x[:, 0, 0] for x in ds.as_numpy_iterator()]).astype(np.int64)
+        visited = starts // block_rows
+        runs = visited[np.r_[True, visited[1:] != visited[:-1]]]
+        assert runs.tolist() == sampler.block_order(0, key=next(keys)).tolist()
+        assert len(runs) == np.count_nonzero(counts)  # each block's windows together

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
@@ -83,18 +84,16 @@ def _graph_ops(ds: tf.data.Dataset) -> set[str]:
     return ops
 
 
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_reader_graph_is_pure_tensorflow_with_parallel_interleave(tmp_path: Path,
-                                                                  shuffle: bool) -> None:
-    store = wk.convert(_series([500, 300]), tmp_path / "s", format="tfrecord",
+@pytest.mark.parametrize("fmt", ["tfrecord", "zarr", "parquet"])
+def test_the_epoch_order_is_in_the_graph_and_python_only_reads_groups(tmp_path: Path,
+                                                                      fmt: str) -> None:
+    """No generator: the sampler's order is computed by graph ops; Python runs
+    once per group of blocks (a py_function reading them), never per batch."""
+    store = wk.convert(_series([500, 300]), tmp_path / "s", format=fmt,
                        window=wk.WindowSpec(8, horizon=1), block_rows=64, shards=2)
-    ops = _graph_ops(store.tf_dataset("train", 32, shuffle=shuffle, normalize=True))
-    assert not {op for op in ops if "PyFunc" in op}, "a Python function in the read path"
-    assert any(op.startswith("ParallelInterleaveDataset") for op in ops)
-    assert {"ParseExampleV2", "DecodePaddedRaw", "GatherV2"} <= ops
-    # the other formats do resolve batches in Python, by design (a py_function per group of blocks)
-    other = wk.convert(_series([500]), tmp_path / "z", format="zarr", window=8)
-    assert any("PyFunc" in op for op in _graph_ops(other.tf_dataset("train", 32)))
+    ops = _graph_ops(store.tf_dataset("train", 32, normalize=True))
+    assert not {op for op in ops if "Generator" in op}
+    assert {"EagerPyFunc", "RandomDatasetV2", "StatelessShuffle", "GatherV2"} <= ops
 
 
 def test_random_access_detects_a_flipped_byte(tmp_path: Path) -> None:
@@ -107,7 +106,7 @@ def test_random_access_detects_a_flipped_byte(tmp_path: Path) -> None:
     reopened = wk.open_store(store.path)
     with pytest.raises(wk.StoreError, match=rf"{shard.name}: record \d+ at byte \d+: .*CRC"):
         reopened.windows("train", np.arange(reopened.num_windows("train")))
-    with pytest.raises(tf.errors.DataLossError):
+    with pytest.raises(tf.errors.OpError, match=rf"{shard.name}: record \d+ at byte \d+: .*CRC"):
         collect_epoch(reopened.tf_dataset("train", 16))
 
 
@@ -133,3 +132,39 @@ def test_gzip_store_round_trips_through_both_readers(tmp_path: Path) -> None:
     got_x, got_y = collect_epoch(store.tf_dataset("train", 64, shuffle=False))
     np.testing.assert_array_equal(got_x, expected_x)
     np.testing.assert_array_equal(got_y, expected_y)
+
+
+def test_tf_dataset_reads_only_the_records_holding_the_splits_windows(tmp_path: Path) -> None:
+    """A split's epoch reads only the blocks holding its windows: a corrupt
+    record of the training rows fails a training epoch, never a validation
+    epoch, which does not read it."""
+    series = _series([600, 600])
+    store = wk.convert(series, tmp_path / "s", format="tfrecord", window=8, block_rows=64,
+                       splits={"train": 0.5, "val": 0.5})
+    expected_val = store.windows("val", np.arange(store.num_windows("val")))
+    records = pq.read_table(store.path / "data" / "records.parquet").to_pydict()
+    first = 0  # series 0's first record: rows 0..63, training rows only
+    assert records["series"][first] == 0 and records["row"][first] == 0
+    shard = store.path / records_path(store, records["shard"][first])
+    data = bytearray(shard.read_bytes())
+    data[records["offset"][first] + records["bytes"][first] // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    reopened = wk.open_store(store.path)
+    val_x, _ = collect_epoch(reopened.tf_dataset("val", 64, shuffle=False))
+    np.testing.assert_array_equal(val_x, expected_val)
+    with pytest.raises(tf.errors.OpError, match=r"record 0 at byte 0: .*CRC"):
+        collect_epoch(reopened.tf_dataset("train", 64))
+
+
+def records_path(store: wk.Store, shard: int) -> str:
+    return store.manifest.data["shards"][shard]["path"]
+
+
+def test_tf_dataset_names_a_truncated_shard_file(tmp_path: Path) -> None:
+    store = wk.convert(_series([400]), tmp_path / "s", format="tfrecord", window=8,
+                       block_rows=64)
+    shard = next((store.path / "data").glob("*.tfrecord"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(tf.errors.OpError, match=rf"{shard.name}: record 6 at byte \d+: "
+                                                r"file is truncated"):
+        collect_epoch(wk.open_store(store.path).tf_dataset("train", 32))

@@ -140,11 +140,12 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
     import tensorflow as tf
 
     from windowkit.readers import DEFAULT_CACHE_BYTES
+    from windowkit.readers._groups import block_groups
     from windowkit.readers.tf import batch_cutter
 
-    plan = store.read_plan(split)  # the format's own read + decode stage, alone
-    blocks = plan.storage.tf_block_groups(plan, shuffle=True, seed=seed, shuffle_blocks=None,
-                                          cache_bytes=DEFAULT_CACHE_BYTES)
+    plan = store.read_plan(split)  # the read + decode stage, alone
+    blocks = block_groups(plan, shuffle=True, seed=seed, shuffle_blocks=None,
+                          cache_bytes=DEFAULT_CACHE_BYTES)
     first: list[Any] = []
 
     def group_size(element: Any) -> tuple[int, int]:

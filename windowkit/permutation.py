@@ -8,8 +8,13 @@ permutation held in memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 _ROUNDS = 4  # Feistel rounds, each part twice (Luby-Rackoff: a pseudo-random permutation)
 GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: spreads consecutive keys
@@ -84,3 +89,15 @@ def index_shuffle(index: ArrayLike, size: ArrayLike, key: ArrayLike) -> np.ndarr
     size = np.broadcast_to(np.asarray(size, dtype=np.int64), index.shape)
     key = np.broadcast_to(np.asarray(key, dtype=np.uint64), index.shape)
     return KeyedPermutations(size, key)(index, np.arange(len(index)))
+
+
+def tf_mix(x: tf.Tensor) -> tf.Tensor:
+    """:func:`mix` on a uint64 tensor, for orders computed in the graph."""
+    import tensorflow as tf
+
+    def shift_xor(v: tf.Tensor, bits: int) -> tf.Tensor:
+        return tf.bitwise.bitwise_xor(v, tf.bitwise.right_shift(v, tf.constant(bits, tf.uint64)))
+
+    x = shift_xor(x, 30) * tf.constant(0xBF58476D1CE4E5B9, tf.uint64)
+    x = shift_xor(x, 27) * tf.constant(0x94D049BB133111EB, tf.uint64)
+    return shift_xor(x, 31)

@@ -2,27 +2,33 @@
 
 Only the storage blocks holding windows of the split take part (a small split
 never mixes its windows with blocks that hold none). Unshuffled, blocks come in
-store order and windows in index order. Shuffled, each epoch visits those blocks
-in a keyed pseudo-random order and takes them ``group`` at a time; the windows
-of a group are permuted together, with a key of their own. Orders are pure
-functions of ``(seed, epoch, position)``: nothing is drawn from a stateful
-generator, so a reader's state is a few integers, and any position of any
-epoch is computed directly.
+store order and windows in index order. Shuffled, each epoch has a key; the
+epoch visits the blocks sorted by a keyed hash of their position (a uniform
+random order), takes them ``group`` at a time, and permutes the windows of a
+group together, with a key of the group's own. Orders are pure functions of
+``(seed, epoch)``: nothing is drawn from a stateful generator.
 
-The Keras reader (:class:`windowkit.readers.EpochOrder`) permutes a group's
-windows with the same keyed permutation; the ``tf.data`` readers permute them
-in the graph (``stateless_shuffle`` seeded with the group's key). Either way a
-window's batch-mates come from the ``group`` blocks of its group.
+The same order is computed in NumPy (the Keras reader,
+:class:`windowkit.readers.EpochOrder`) and in the graph (the ``tf.data``
+readers, :meth:`Sampler.tf_epoch_blocks`); the two are tested equal. Keras
+permutes a group's windows with a keyed permutation
+(:mod:`windowkit.permutation`), ``tf.data`` with ``stateless_shuffle`` seeded
+by the group's key. Either way a window's batch-mates come from the ``group``
+blocks of its group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from windowkit.errors import InvalidSpecError, check_int
-from windowkit.permutation import GOLDEN, index_shuffle, mix
+from windowkit.permutation import GOLDEN, mix, tf_mix
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 class Sampler:
@@ -46,30 +52,76 @@ class Sampler:
     def num_groups(self) -> int:
         return -(-len(self.blocks) // self.group)
 
-    def _epoch_key(self, epoch: int) -> np.uint64:
+    def epoch_key(self, epoch: int) -> np.uint64:
+        """The key of epoch ``epoch``: what orders its blocks and keys its groups."""
         if epoch < 0:
             raise InvalidSpecError(f"epoch must be >= 0, got {epoch}")
         return np.uint64(mix(np.array([self.seed * GOLDEN % 2**64], dtype=np.uint64)
                              ^ np.uint64(epoch))[0])
 
-    def block_order(self, epoch: int) -> np.ndarray:
-        """The blocks in the order epoch ``epoch`` visits them."""
-        if not self.shuffle or len(self.blocks) < 2:
+    def block_order(self, epoch: int, *, key: np.uint64 | None = None) -> np.ndarray:
+        """The blocks in the order epoch ``epoch`` (or the epoch keyed ``key``)
+        visits them: sorted by a keyed hash of their position."""
+        if not self.shuffle:
             return self.blocks
-        n = len(self.blocks)
-        return self.blocks[index_shuffle(np.arange(n), n, self._epoch_key(epoch))]
+        key = self.epoch_key(epoch) if key is None else np.uint64(key)
+        positions = np.arange(len(self.blocks), dtype=np.uint64)
+        # int64 order, as the graph sorts (mix is a bijection: no ties)
+        return self.blocks[np.argsort(mix(positions ^ key).view(np.int64), kind="stable")]
 
-    def group_keys(self, epoch: int) -> np.ndarray:
-        """One uint64 key per group of epoch ``epoch``: what permutes its windows."""
+    def group_keys(self, epoch: int, *, key: np.uint64 | None = None) -> np.ndarray:
+        """One uint64 key per group of epoch ``epoch`` (or the epoch keyed ``key``):
+        what permutes its windows."""
+        key = self.epoch_key(epoch) if key is None else np.uint64(key)
         groups = np.arange(1, self.num_groups + 1, dtype=np.uint64)
-        return mix(self._epoch_key(epoch) + np.uint64(GOLDEN) * groups)
+        return mix(key + np.uint64(GOLDEN) * groups)
 
-    def groups(self, epoch: int) -> Iterator[tuple[np.ndarray, np.uint64]]:
+    def groups(self, epoch: int, *, key: np.uint64 | None = None
+               ) -> Iterator[tuple[np.ndarray, np.uint64]]:
         """Epoch ``epoch``'s groups: their blocks (ascending, to read them in order)
         and their keys."""
-        order, keys = self.block_order(epoch), self.group_keys(epoch)
+        key = self.epoch_key(epoch) if key is None else np.uint64(key)
+        order, keys = self.block_order(epoch, key=key), self.group_keys(epoch, key=key)
         for g, lo in enumerate(range(0, len(order), self.group)):
             yield np.sort(order[lo:lo + self.group]), keys[g]
+
+    # The same order in the graph, for the tf.data readers.
+
+    def tf_epoch_keys(self) -> tf.data.Dataset:
+        """One uint64 epoch key each time the dataset is iterated: a new epoch
+        each iteration, the sequence fixed by the seed."""
+        import tensorflow as tf
+
+        if not self.shuffle:
+            return tf.data.Dataset.from_tensors(tf.constant(0, tf.uint64))
+        draws = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True)
+        return draws.take(1).map(lambda r: tf_mix(tf.bitcast(r, tf.uint64)))
+
+    def tf_epoch(self, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """The epoch keyed ``key`` (uint64 scalar) in the graph, as :meth:`groups`
+        gives it: every block in visiting order, each group's ascending, and each
+        block's group key (its bits as int64)."""
+        import tensorflow as tf
+
+        n, size = len(self.blocks), self.group
+        blocks = tf.constant(self.blocks, tf.int64)
+        if self.shuffle:
+            hashed = tf_mix(tf.bitwise.bitwise_xor(tf.cast(tf.range(n, dtype=tf.int64),
+                                                           tf.uint64), key))
+            blocks = tf.gather(blocks, tf.argsort(tf.bitcast(hashed, tf.int64), stable=True))
+        group = tf.range(n, dtype=tf.int64) // size
+        # ascending within each group: sort by (group, block)
+        blocks = tf.gather(blocks, tf.argsort(group * (int(self.blocks.max(initial=0)) + 1)
+                                              + blocks, stable=True))
+        golden = tf.constant(GOLDEN, tf.uint64)
+        keys = tf_mix(key + golden * tf.cast(group + 1, tf.uint64))
+        return blocks, tf.bitcast(keys, tf.int64)
+
+    def tf_epoch_blocks(self) -> tf.data.Dataset:
+        """One epoch's blocks, ``(block, group_key)`` one at a time, in visiting
+        order: each iteration of the dataset is a new epoch. Batch it by
+        :attr:`group` to get the groups."""
+        return self.tf_epoch_keys().map(self.tf_epoch).unbatch()
 
 
 def blocks_per_group(num_blocks: int, *, fits: int, copies: int) -> int:

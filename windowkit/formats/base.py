@@ -24,9 +24,8 @@ from windowkit._schema import Count, StorePath, Strict, context_value
 from windowkit.spec import WindowSpec
 
 if TYPE_CHECKING:
-    import tensorflow as tf
 
-    from windowkit.readers.plan import ReadPlan
+    pass
 
 
 @dataclass(frozen=True)
@@ -210,12 +209,4 @@ class StorageFormat(Protocol):
 
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
         """Rows the data files say they hold, from their own metadata (``verify``)."""
-        ...
-
-    def tf_block_groups(self, plan: ReadPlan, *, shuffle: bool, seed: int,
-                        shuffle_blocks: int | None, cache_bytes: int) -> tf.data.Dataset:
-        """How ``tf.data`` reads the store: a dataset of groups of blocks,
-        ``(rows, starts)``: the rows of a group of blocks (each with its halo)
-        and the positions in ``rows`` of the split's windows that start in them,
-        shuffled when asked."""
         ...

@@ -34,7 +34,6 @@ from windowkit.formats.base import (
     ShardTask,
     check_data_files,
 )
-from windowkit.formats.tf_blocks import ReadsBlocksInPython
 from windowkit.spec import WindowSpec
 
 OPEN_FILES = 2  # part files a reader keeps open
@@ -202,7 +201,7 @@ class ParquetRowReader:
         return np.ascontiguousarray(out, dtype=self._dtype)
 
 
-class ParquetFormat(ReadsBlocksInPython):
+class ParquetFormat:
     name: str = "parquet"
     compressions: tuple[str, ...] = COMPRESSIONS
     default_compression: str = "zstd"

@@ -54,9 +54,8 @@ from windowkit.formats.tfrecord_io import (
 from windowkit.spec import WindowSpec
 
 if TYPE_CHECKING:
-    import tensorflow as tf
 
-    from windowkit.readers.plan import ReadPlan
+    pass
 
 RECORDS_TABLE = "records.parquet"
 MAX_HALO_FRACTION = 0.05  # default blocks are long enough that halos add <= 5%
@@ -171,13 +170,6 @@ class TFRecordFormat:
         records = pq.read_table(root / data["records"], columns=["rows"])
         return int(records.column("rows").to_numpy().sum())
 
-    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
-        """Read in the graph: :mod:`windowkit.formats.tfrecord_tf`."""
-        from windowkit.formats.tfrecord_tf import record_groups
-
-        reader = plan.row_reader()
-        assert isinstance(reader, TFRecordRowReader)
-        return record_groups(plan, reader.records, **options)
 
 
 class RecordTable:

@@ -20,7 +20,6 @@ from windowkit.formats.base import (
     ReadSeries,
     ShardTask,
 )
-from windowkit.formats.tf_blocks import ReadsBlocksInPython
 from windowkit.spec import WindowSpec
 
 COMPRESSIONS = ("zstd", "gzip", "none")
@@ -138,7 +137,7 @@ class ZarrRowReader:
         return rows
 
 
-class ZarrFormat(ReadsBlocksInPython):
+class ZarrFormat:
     name: str = "zarr"
     compressions: tuple[str, ...] = COMPRESSIONS
     default_compression: str = "zstd"

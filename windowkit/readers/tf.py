@@ -1,9 +1,9 @@
 """The ``tf.data`` reader: a store's blocks -> windows -> batches, with no Python
 per batch.
 
-1. The store's format reads groups of blocks (its ``tf_block_groups``, see
-   :mod:`windowkit.formats.tf_blocks`): ``(rows, starts)``, the rows of a group
-   of storage blocks with their halos and the positions of the split's windows
+1. Groups of blocks in the sampler's order (:mod:`windowkit.readers._groups`):
+   ``(rows, starts)``, the rows of a group of storage blocks with their halos,
+   read by the format's row reader, and the positions of the split's windows
    starting in them, shuffled within the group when asked.
 2. Batches are cut with one ``tf.gather`` each under a parallel ``map``
    (:func:`batch_cutter`), normalized in the graph when asked, then
@@ -87,11 +87,12 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
 def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int,
                drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
                cache_bytes: int, device: str | None = None) -> tf.data.Dataset:
-    """The split's batches: the format reads groups of blocks (its
-    ``tf_block_groups``), then windows are cut in the graph."""
-    groups = plan.storage.tf_block_groups(plan, shuffle=shuffle, seed=seed,
-                                          shuffle_blocks=shuffle_blocks,
-                                          cache_bytes=cache_bytes)
+    """The split's batches: groups of blocks in the sampler's order, then
+    windows cut in the graph."""
+    from windowkit.readers._groups import block_groups
+
+    groups = block_groups(plan, shuffle=shuffle, seed=seed, shuffle_blocks=shuffle_blocks,
+                          cache_bytes=cache_bytes)
     ds = batches_from_groups(groups, plan, batch_size=batch_size,
                              drop_remainder=drop_remainder, normalize=normalize)
     return ds if device is None else prefetch_to_device(ds, device)

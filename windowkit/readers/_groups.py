@@ -1,25 +1,21 @@
-"""How formats feed a store's blocks to ``tf.data``, and the graph lookups they share.
+"""Groups of blocks for ``tf.data``: the sampler's order in the graph, the rows
+read through the format's row reader.
 
-A format's ``tf_block_groups`` yields *groups of blocks*: ``(rows, starts)``,
-the rows of a group of storage blocks (each followed by its halo of ``span - 1``
-rows) and the positions in ``rows`` of the split's windows that start in them.
-The readers (:mod:`windowkit.readers.tf`) then cut windows in the graph.
-
-- :func:`row_reader_groups`, the default (Zarr, Parquet): ``from_generator``
-  yields only block ids, one epoch's blocks with split windows in a seeded
-  random order, ``shuffle_blocks`` at a time; a ``py_function`` reads each
-  group with the format's row reader (neighbouring blocks as one range), one
-  Python call per group of megabytes, ahead of the consumer.
-- :class:`BlockWindows`: the split's window starts per block, a ragged lookup
-  in the graph (TFRecord uses it on records decoded in the graph).
+:func:`block_groups` yields *groups of blocks*: ``(rows, starts)``, the rows of
+a group of storage blocks (each followed by its halo of ``span - 1`` rows) and
+the positions in ``rows`` of the split's windows that start in them. The
+epoch's groups come from the sampler, computed in the graph (block ids only,
+never data); one ``py_function`` call per group reads its blocks with the
+format's row reader (neighbouring blocks as one range, checksums checked), one
+Python call per group of megabytes, ahead of the consumer.
+:class:`BlockWindows` finds the split's window starts per block, a ragged
+lookup in the graph. :mod:`windowkit.readers.tf` then cuts the windows.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,14 +30,6 @@ if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
 
 GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)
-
-
-class ReadsBlocksInPython:
-    """For formats whose blocks ``tf.data`` reads through their row reader, a
-    ``py_function`` per group of blocks (:func:`row_reader_groups`)."""
-
-    def tf_block_groups(self, plan: ReadPlan, **options: Any) -> tf.data.Dataset:
-        return row_reader_groups(plan, **options)
 
 
 def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: int,
@@ -117,8 +105,15 @@ class GroupLoader:
         return rows, offsets
 
 
-def row_reader_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
-                      shuffle_blocks: int | None, cache_bytes: int) -> tf.data.Dataset:
+def epoch_groups(sampler: Sampler) -> tf.data.Dataset:
+    """The sampler's groups of one epoch, ``(blocks, group_key)``, computed in the
+    graph: each iteration of the dataset is a new epoch (keyed from the seed)."""
+    by_group = sampler.tf_epoch_blocks().batch(sampler.group)
+    return by_group.map(lambda blocks, keys: (blocks, keys[0]))
+
+
+def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
+                 shuffle_blocks: int | None, cache_bytes: int) -> tf.data.Dataset:
     """Groups of blocks read through the format's row reader, one ``py_function``
     call per group: ``(rows, starts)``, the starts shuffled when asked."""
     import tensorflow as tf
@@ -133,12 +128,6 @@ def row_reader_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                           block_bytes=(block_rows + spec.span - 1) * plan.row_bytes,
                           num_blocks=len(useful))
     sampler = Sampler(windows.windows, group=group, shuffle=shuffle, seed=seed)
-    epochs = itertools.count()
-
-    def block_groups() -> Iterator[tuple[np.ndarray, np.int64]]:
-        for blocks, key in sampler.groups(next(epochs)):
-            yield blocks, np.array([key], dtype=np.uint64).view(np.int64)[0]
-
     loader = GroupLoader(plan.row_reader(), total_rows=total_rows, halo=spec.span - 1)
     dtype = tf.as_dtype(plan.dtype)
 
@@ -152,7 +141,6 @@ def row_reader_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                 starts, seed=tf.stack([tf.constant(seed, tf.int64), key]))
         return rows, starts
 
-    ds = tf.data.Dataset.from_generator(block_groups, output_signature=(
-        tf.TensorSpec(shape=(None,), dtype=tf.int64), tf.TensorSpec(shape=(), dtype=tf.int64)))
+    ds = epoch_groups(sampler)
     # one group read at a time (bounded memory), ahead of the cuts of the previous one
     return ds.map(load, num_parallel_calls=1, deterministic=True)
