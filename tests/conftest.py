@@ -78,3 +78,51 @@ def collect_epoch(ds: object) -> tuple[np.ndarray, np.ndarray | None]:
             xs.append(batch.numpy())
     x = np.concatenate(xs) if xs else np.empty((0,))
     return x, (np.concatenate(ys) if ys else None)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> object:
+    """A local S3 server (moto) on 127.0.0.1 and a free port, reached the way
+    users reach theirs: ``AWS_ENDPOINT_URL`` and the AWS credential variables.
+    Yields its endpoint URL; every test makes its own bucket."""
+    import logging
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in S3_ENVIRONMENT}
+    os.environ.update(S3_ENVIRONMENT, AWS_ENDPOINT_URL=endpoint)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": ""}
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket on the local S3 server: ``s3://NAME``."""
+    import re
+    import uuid
+
+    import fsspec
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    bucket = f"{name}-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("s3").mkdir(bucket)
+    return f"s3://{bucket}"

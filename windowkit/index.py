@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from windowkit.errors import StoreError
+from windowkit.location import open_parquet
 from windowkit.spec import WindowSpec
 
 INDEX_SCHEMA = pa.schema(
@@ -117,7 +118,7 @@ def iter_index(path: Path, batch_rows: int = _INDEX_ROW_GROUP,
                columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream an index table in record batches (never the whole table)."""
     try:
-        table = pq.ParquetFile(path, page_checksum_verification=True)
+        table = open_parquet(path, page_checksum_verification=True)
         yield from table.iter_batches(batch_size=batch_rows, columns=columns)
     except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
         raise StoreError(f"{path}: cannot read window index table ({exc})") from exc

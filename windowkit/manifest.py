@@ -42,6 +42,7 @@ from windowkit._schema import (
 )
 from windowkit.errors import StoreError, StoreReplacedError
 from windowkit.formats import FORMATS
+from windowkit.location import as_url_path, is_remote, remote_errors
 from windowkit.spec import WindowSpec
 
 MANIFEST_NAME = "windowkit.json"
@@ -71,7 +72,7 @@ class _CountingReader:
 
 def file_digest(path: Path, on_bytes: Callable[[int], object] | None = None) -> str:
     """The file's checksum (hex); ``on_bytes`` sees the size of each piece read."""
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         source: Any = fh if on_bytes is None else _CountingReader(fh, on_bytes)
         return hashlib.file_digest(source, CHECKSUM).hexdigest()
 
@@ -269,6 +270,8 @@ class Manifest:
 def read_manifest_bytes(root: Path) -> bytes:
     """The bytes of ``root/windowkit.json`` (a regular file, not a link)."""
     path = root / MANIFEST_NAME
+    if is_remote(root):
+        return _read_remote_manifest(root)
     if not root.exists():
         raise StoreError(f"{root}: no such store")
     try:
@@ -284,9 +287,25 @@ def read_manifest_bytes(root: Path) -> bytes:
         return fh.read(MAX_MANIFEST_BYTES + 1)
 
 
+def _read_remote_manifest(root: Path) -> bytes:
+    """The manifest object's bytes (object storage has no links)."""
+    path = root / MANIFEST_NAME
+    with remote_errors(root):
+        try:
+            size = int(path.stat().st_size)
+        except FileNotFoundError:
+            raise StoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME}; check "
+                             "the bucket and the prefix)") from None
+        if size > MAX_MANIFEST_BYTES:
+            raise StoreError(f"{path}: {size} bytes, larger than any manifest")
+        return path.read_bytes()
+
+
 def refuse_links(root: Path, paths: list[str]) -> None:
     """Raise if any of ``paths`` (relative to ``root``) or a directory on the way
     is a symbolic link: a store never holds links, and one could lead outside."""
+    if is_remote(root):
+        return  # object storage has no links
     seen: set[str] = set()
     for relative in paths:
         parts = relative.split("/")
@@ -326,17 +345,13 @@ class StoreGuard:
     def __init__(self, root: Path, store_id: str) -> None:
         self.root = root
         self.store_id = store_id
-        self._identity: tuple[int, int] | None = None
+        self._identity: tuple[Any, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_identity": None}
 
     def check(self) -> None:
-        try:
-            info = os.stat(self.root)
-            identity = (info.st_dev, info.st_ino)
-        except OSError:
-            identity = None
+        identity = self._remote_identity() if is_remote(self.root) else self._local_identity()
         if identity is not None and identity == self._identity:
             return
         current = read_store_id(self.root)
@@ -346,3 +361,21 @@ class StoreGuard:
                 f"{self.root}: the store was replaced while it was being read (opened as "
                 f"store id {self.store_id[:12]}, now {now}); open it again")
         self._identity = identity
+
+    def _local_identity(self) -> tuple[Any, ...] | None:
+        """The root directory's device and inode: a replaced store is a new directory."""
+        try:
+            info = os.stat(self.root)
+        except OSError:
+            return None
+        return (info.st_dev, info.st_ino)
+
+    def _remote_identity(self) -> tuple[Any, ...] | None:
+        """The manifest object's ETag and size: a new store writes a new manifest."""
+        manifest = as_url_path(self.root / MANIFEST_NAME)
+        try:
+            info = manifest.fs.info(manifest.path)
+        except (OSError, ValueError):
+            return None
+        return (info.get("ETag") or info.get("mtime") or info.get("LastModified"),
+                info.get("size"))

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError, check_int
 from windowkit.formats import RowReader
 from windowkit.index import WindowRuns, iter_index
+from windowkit.location import open_parquet, resolve
 from windowkit.manifest import Manifest, StoreGuard
 from windowkit.readers import DEFAULT_CACHE_BYTES, ReadPlan, StoreRows, WindowGather
 from windowkit.spec import WindowSpec
@@ -28,13 +28,16 @@ if TYPE_CHECKING:
 Windows = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
-def open_store(path: str | os.PathLike[str]) -> Store:
-    """Open a store of any format written by :func:`windowkit.conversion._pipeline`.
+def open_store(path: str | os.PathLike[str], *,
+               storage_options: dict[str, Any] | None = None) -> Store:
+    """Open a store of any format: a local directory, or a URL fsspec
+    understands (``s3://bucket/store``; ``storage_options`` go to its
+    filesystem, as in pandas and zarr).
 
     The store is read as untrusted input: its manifest is validated first
     (types, ranges, paths inside the store, no symbolic links), and opening
     never writes."""
-    return Store(Path(path))
+    return Store(resolve(path, storage_options))
 
 
 class Store:
@@ -47,7 +50,7 @@ class Store:
     """
 
     def __init__(self, path: Path, *, expected_id: str | None = None) -> None:
-        self.path = Path(path)
+        self.path = resolve(path)
         self.manifest = Manifest.read(self.path)
         if expected_id is not None and self.manifest.store_id != expected_id:
             raise StoreReplacedError(
@@ -116,7 +119,7 @@ class Store:
         path = self.path / "series.parquet"
         count = self.manifest.series["count"]
         try:
-            table = pq.ParquetFile(path, page_checksum_verification=True).read()
+            table = open_parquet(path, page_checksum_verification=True).read()
             rows = table.column("rows").to_numpy().astype(np.int64)
             offsets = table.column("row_offset").to_numpy().astype(np.int64)
             missing = {"series", "key", "rows", "row_offset", "windows"} - set(table.column_names)

@@ -11,20 +11,34 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from windowkit._progress import progress_bar
 from windowkit.conversion import walk_files
 from windowkit.errors import WindowkitError
 from windowkit.formats import get_format
+from windowkit.location import as_url_path, is_remote, remote_errors, resolve
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
 
 
-def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> list[str]:
-    """Problems found in the store at ``path``, one line each naming the file
-    (an empty list: the store is intact)."""
+def _walk(root: Path) -> list[tuple[str, bool]]:
+    """Every file under ``root``, relative, and whether it is a link (object
+    storage has none)."""
+    if not is_remote(root):
+        return list(walk_files(root))
+    url = as_url_path(root)
+    prefix = url.path.rstrip("/") + "/"
+    with remote_errors(root):
+        return [(name[len(prefix):], False) for name in url.fs.find(prefix)]
+
+
+def verify_store(path: str | os.PathLike[str], *, progress: bool = False,
+                 storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Problems found in the store at ``path`` (a directory or a URL), one line
+    each naming the file (an empty list: the store is intact)."""
     from windowkit.store import open_store
 
-    root = Path(path)
+    root = resolve(path, storage_options)
     try:
         manifest = Manifest.read(root)
     except WindowkitError as exc:
@@ -32,7 +46,7 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> lis
     problems: list[str] = []
     listed = {entry.path: entry for entry in manifest.files}
     present = set()
-    for relative, is_link in walk_files(root):
+    for relative, is_link in _walk(root):
         if is_link:
             problems.append(f"{root / relative}: is a symbolic link (a store holds none)")
         elif relative != MANIFEST_NAME:
@@ -61,7 +75,7 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False) -> lis
         if rows != manifest.total_rows:
             problems.append(f"{root / 'data'}: holds {rows} rows, manifest says "
                             f"{manifest.total_rows}")
-        store = open_store(root)
+        store = open_store(root)  # already resolved: keeps its storage options
         for split in store.splits:
             store.runs(split)  # checks every window lies inside its series, and the count
     except (WindowkitError, OSError, ValueError) as exc:

@@ -34,6 +34,7 @@ from windowkit.formats.base import (
     ShardTask,
     check_data_files,
 )
+from windowkit.location import open_parquet
 from windowkit.spec import WindowSpec
 
 OPEN_FILES = 2  # part files a reader keeps open
@@ -126,7 +127,7 @@ class ParquetRowReader:
             return self._handles[i], self._group_starts[i]
         path = self._root / self._files[i]["path"]
         try:
-            handle = pq.ParquetFile(path, page_checksum_verification=True)
+            handle = open_parquet(path, page_checksum_verification=True)
         except (OSError, pa.ArrowInvalid) as exc:
             raise StoreError(f"{path}: cannot open Parquet file ({exc})") from exc
         self._setup.check_store()  # after the open: the handle reads this store's file
@@ -249,4 +250,4 @@ class ParquetFormat:
         return len(data["files"])
 
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
-        return sum(pq.ParquetFile(root / f["path"]).metadata.num_rows for f in data["files"])
+        return sum(open_parquet(root / f["path"]).metadata.num_rows for f in data["files"])

@@ -18,7 +18,6 @@ any row range can be read by seeking (random access), checking the CRCs.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +50,7 @@ from windowkit.formats.tfrecord_io import (
     frame_record,
     unframe_record,
 )
+from windowkit.location import open_parquet, read_ranges
 from windowkit.spec import WindowSpec
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 
 RECORDS_TABLE = "records.parquet"
 MAX_HALO_FRACTION = 0.05  # default blocks are long enough that halos add <= 5%
-OPEN_FILES = 4  # shard files a reader keeps open
 COMPRESSIONS = ("none", "gzip")
 _RECORD_OVERHEAD = 256  # framing, Example keys and int features of one record
 
@@ -167,7 +166,7 @@ class TFRecordFormat:
         return len(data["shards"])
 
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
-        records = pq.read_table(root / data["records"], columns=["rows"])
+        records = open_parquet(root / data["records"]).read(columns=["rows"])
         return int(records.column("rows").to_numpy().sum())
 
 
@@ -180,7 +179,7 @@ class RecordTable:
 
     def __init__(self, path: Path, *, shards: int, setup: ReaderSetup) -> None:
         try:
-            file = pq.ParquetFile(path, page_checksum_verification=True)
+            file = open_parquet(path, page_checksum_verification=True)
             table = file.read()
             self.columns = {name: table.column(name).to_numpy().astype(np.int64, copy=False)
                             for name in _RECORD_COLUMNS}
@@ -227,7 +226,9 @@ class RecordTable:
 
 
 class TFRecordRowReader:
-    """Reads global row ranges by seeking to the records that hold them."""
+    """Reads global row ranges by seeking to the records that hold them: the
+    records needed are fetched as contiguous runs of bytes (one ranged request
+    each on object storage, all at once), and every record's CRCs are checked."""
 
     def __init__(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup) -> None:
         self._root = data_dir.parent
@@ -238,10 +239,10 @@ class TFRecordRowReader:
         self._gzip = data.get("compression") == "gzip"
         self._tag = store_tag(setup.store_id)
         self.block_rows = setup.block_rows
-        self._handles: OrderedDict[int, Any] = OrderedDict()
+        self._checked: set[int] = set()  # shards whose store was checked after a read
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {**self.__dict__, "_handles": OrderedDict()}
+        state = {**self.__dict__, "_checked": set()}
         state.pop("records", None)  # a cached_property: reloaded where it is used
         return state
 
@@ -253,28 +254,55 @@ class TFRecordRowReader:
     def shard_path(self, shard: int) -> Path:
         return self._root / self._data["shards"][shard]["path"]
 
-    def _read_stored(self, shard: int, offset: int, size: int) -> bytes:
-        handle = self._handles.get(shard)
-        if handle is None:
-            try:
-                handle = open(self.shard_path(shard), "rb")  # noqa: SIM115 (kept open, LRU)
-            except OSError as exc:
-                raise StoreError(f"{self.shard_path(shard)}: cannot open shard ({exc})") from exc
-            self._setup.check_store()  # after the open: the handle reads this store's file
-            self._handles[shard] = handle
-            while len(self._handles) > OPEN_FILES:
-                self._handles.popitem(last=False)[1].close()
-        self._handles.move_to_end(shard)
-        handle.seek(offset)
-        return bytes(handle.read(size))
+    def _records_for(self, start: int, stop: int) -> list[int]:
+        """The records whose rows (and halos) hold global rows ``[start, stop)``."""
+        table = self.records
+        global_row, ends = table["global_row"], table["global_row"] + table["rows"] + table["halo"]
+        out, position = [], start
+        while position < stop:
+            record = int(np.searchsorted(global_row, position, side="right")) - 1
+            if record < 0 or position >= ends[record]:
+                raise StoreError(f"{self._root}: no TFRecord record holds row {position}")
+            out.append(record)
+            position = int(ends[record])
+        return out
 
-    def read_record(self, record: int) -> np.ndarray:
+    def _fetch(self, records: list[int]) -> dict[int, bytes]:
+        """The stored bytes of ``records`` (ascending): neighbours in one shard
+        are one ranged read; all ranges are fetched together."""
+        table = self.records
+        shard, offset, size = table["shard"], table["offset"], table["bytes"]
+        runs: list[list[int]] = []
+        for record in records:
+            last = runs[-1][-1] if runs else -1
+            if (runs and record == last + 1 and shard[record] == shard[last]
+                    and offset[record] == offset[last] + size[last]):
+                runs[-1].append(record)
+            else:
+                runs.append([record])
+        paths = [self.shard_path(int(shard[run[0]])) for run in runs]
+        starts = [int(offset[run[0]]) for run in runs]
+        stops = [int(offset[run[-1]] + size[run[-1]]) for run in runs]
+        try:
+            blobs = read_ranges(paths, starts, stops)
+        except OSError as exc:
+            raise StoreError(f"{paths[0]}: cannot read shard ({exc})") from exc
+        for run in runs:  # after the read: the bytes read were this store's
+            if int(shard[run[0]]) not in self._checked:
+                self._setup.check_store()
+                self._checked.add(int(shard[run[0]]))
+        stored: dict[int, bytes] = {}
+        for run, blob, start in zip(runs, blobs, starts, strict=True):
+            for record in run:
+                lo = int(offset[record]) - start
+                stored[record] = blob[lo:lo + int(size[record])]
+        return stored
+
+    def _decode(self, record: int, stored: bytes) -> np.ndarray:
         """The rows (block and halo) of one record, checked against its CRCs."""
         table = self.records
-        shard = int(table["shard"][record])
-        offset, size = int(table["offset"][record]), int(table["bytes"][record])
+        shard, offset, size = (int(table[k][record]) for k in ("shard", "offset", "bytes"))
         where = f"{self.shard_path(shard)}: record {record} at byte {offset}"
-        stored = self._read_stored(shard, offset, size)
         if len(stored) != size:
             raise StoreError(f"{where}: file is truncated ({len(stored)} of {size} bytes)")
         try:
@@ -294,18 +322,29 @@ class TFRecordRowReader:
             raise StoreError(f"{where}: holds {values.size} values, expected {rows} rows")
         return values.astype(self._dtype, copy=False).reshape(rows, *self._step_shape)
 
+    def read_record(self, record: int) -> np.ndarray:
+        """The rows (block and halo) of one record."""
+        return self._decode(record, self._fetch([record])[record])
+
     def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.read_many([(start, stop)])[0]
+
+    def read_many(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+        """Global rows of each ``(start, stop)``, their records fetched at once."""
         table = self.records
-        global_row, own = table["global_row"], table["rows"]
-        out = np.empty((max(0, stop - start), *self._step_shape), dtype=self._dtype)
-        position = start
-        while position < stop:
-            record = int(np.searchsorted(global_row, position, side="right")) - 1
-            if record < 0 or position >= global_row[record] + own[record] + table["halo"][record]:
-                raise StoreError(f"{self._root}: no TFRecord record holds row {position}")
-            rows = self.read_record(record)
-            lo = position - int(global_row[record])
-            take = min(stop - position, len(rows) - lo)
-            out[position - start:position - start + take] = rows[lo:lo + take]
-            position += take
+        needed = [self._records_for(start, stop) for start, stop in ranges]
+        wanted = sorted({record for records in needed for record in records})
+        stored = self._fetch(wanted) if wanted else {}
+        decoded = {record: self._decode(record, stored[record]) for record in wanted}
+        out = []
+        for (start, stop), records in zip(ranges, needed, strict=True):
+            rows = np.empty((max(0, stop - start), *self._step_shape), dtype=self._dtype)
+            position = start
+            for record in records:
+                values = decoded[record]
+                lo = position - int(table["global_row"][record])
+                take = min(stop - position, len(values) - lo)
+                rows[position - start:position - start + take] = values[lo:lo + take]
+                position += take
+            out.append(rows)
         return out

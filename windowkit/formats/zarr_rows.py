@@ -20,6 +20,7 @@ from windowkit.formats.base import (
     ReadSeries,
     ShardTask,
 )
+from windowkit.location import as_url_path, is_remote, remote_errors
 from windowkit.spec import WindowSpec
 
 COMPRESSIONS = ("zstd", "gzip", "none")
@@ -83,6 +84,18 @@ class ZarrData(DataSection):
         return self
 
 
+def zarr_store(data_dir: Path) -> Any:
+    """The data directory as a Zarr store: a local path, or zarr's fsspec store."""
+    if not is_remote(data_dir):
+        return str(data_dir)
+    from zarr.storage import FsspecStore
+
+    url = as_url_path(data_dir)
+    with remote_errors(data_dir):
+        return FsspecStore.from_url(str(url), read_only=True,
+                                    storage_options=dict(url.storage_options))
+
+
 class ZarrRowReader:
     """Reads global row ranges; a missing chunk file is an error, never fill values."""
 
@@ -91,9 +104,10 @@ class ZarrRowReader:
         self._setup = setup
         self.block_rows = setup.block_rows
         self._array: Any = None  # opened lazily, so readers pickle across processes
+        self._chunk_keys: set[str] | None = None  # on object storage: listed once
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_array": None}
+        return {**self.__dict__, "_array": None, "_chunk_keys": None}
 
     def _open(self) -> Any:
         if self._array is None:
@@ -101,7 +115,7 @@ class ZarrRowReader:
 
             setup, where = self._setup, self._data_dir / "zarr.json"
             try:
-                array = zarr.open_array(store=str(self._data_dir), mode="r")
+                array = zarr.open_array(store=zarr_store(self._data_dir), mode="r")
                 found = (tuple(array.shape), tuple(array.chunks), np.dtype(array.dtype),
                          array.attrs.get(STORE_ID_KEY))
             except (OSError, ValueError, KeyError, TypeError) as exc:  # damaged metadata
@@ -115,11 +129,21 @@ class ZarrRowReader:
             self._array = array
         return self._array
 
+    def _has_chunk(self, key: str) -> bool:
+        if not is_remote(self._data_dir):
+            return (self._data_dir / key).is_file()
+        if self._chunk_keys is None:  # one listing, not a request per chunk
+            with remote_errors(self._data_dir):
+                url = as_url_path(self._data_dir)
+                fs, prefix = url.fs, url.path.rstrip("/") + "/"
+                self._chunk_keys = {name[len(prefix):] for name in fs.find(prefix)}
+        return key in self._chunk_keys
+
     def _check_chunks(self, start: int, stop: int) -> None:
         array = self._open()
         for chunk in range(start // self.block_rows, -(-stop // self.block_rows)):
             key = array.metadata.encode_chunk_key((chunk,) + (0,) * (array.ndim - 1))
-            if not (self._data_dir / key).is_file():
+            if not self._has_chunk(key):
                 raise StoreError(f"{self._data_dir / key}: Zarr chunk file is missing")
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
@@ -207,4 +231,4 @@ class ZarrFormat:
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
         import zarr
 
-        return int(zarr.open_array(store=str(root / "data"), mode="r").shape[0])
+        return int(zarr.open_array(store=zarr_store(root / "data"), mode="r").shape[0])

@@ -93,8 +93,11 @@ class GroupLoader:
         hi = np.minimum(self.total_rows, (blocks[ends - 1] + 1) * size + self.halo)
         run_offset = np.concatenate([[0], np.cumsum(hi - lo)])
         offsets = (np.repeat(run_offset[:-1] - lo, ends - heads) + blocks * size).astype(np.int64)
+        ranges = [(int(a), int(b)) for a, b in zip(lo, hi, strict=True)]
         with self._lock:
-            parts = [self.reader.read_rows(int(a), int(b)) for a, b in zip(lo, hi, strict=True)]
+            read_many = getattr(self.reader, "read_many", None)  # fetches them together
+            parts = (read_many(ranges) if read_many is not None
+                     else [self.reader.read_rows(a, b) for a, b in ranges])
         for k, part in enumerate(parts):  # a short read would shift every later block
             if len(part) != hi[k] - lo[k]:
                 first, last = int(blocks[heads[k]]), int(blocks[ends[k] - 1])

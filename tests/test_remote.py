@@ -1,0 +1,130 @@
+"""Stores on object storage: every format read from ``s3://`` through both
+readers, against a local S3 server the tests start themselves."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import windowkit as wk
+from tests.conftest import collect_epoch, oracle_windows
+from windowkit.cli import main
+
+
+def _series(lengths: list[int], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n, 3)).astype(np.float32) for n in lengths]
+
+
+def _upload(local: Path, url: str) -> None:
+    fsspec.filesystem("s3").put(str(local), url.removeprefix("s3://"), recursive=True)
+
+
+def _sorted_rows(x: np.ndarray) -> np.ndarray:
+    flat = x.reshape(len(x), -1)
+    return flat[np.lexsort(flat.T[::-1])]
+
+
+def test_every_format_reads_from_s3_through_both_readers(tmp_path: Path, fmt: str,
+                                                         s3_bucket: str) -> None:
+    series = _series([700, 333, 90])
+    spec = wk.WindowSpec(8, stride=2, horizon=2)
+    local = wk.convert(series, tmp_path / "s", format=fmt, window=spec, block_rows=64,
+                       shards=2)
+    url = f"{s3_bucket}/stores/s"
+    _upload(local.path, url)
+    store = wk.open_store(url)
+    expected_x, expected_y = oracle_windows(series, spec)
+    x, y = store.windows("train", np.arange(store.num_windows("train")))
+    np.testing.assert_array_equal(x, expected_x)
+    np.testing.assert_array_equal(y, expected_y)
+    got_x, got_y = collect_epoch(store.tf_dataset("train", 64, shuffle=False))
+    np.testing.assert_array_equal(got_x, expected_x)
+    np.testing.assert_array_equal(got_y, expected_y)
+    shuffled, _ = collect_epoch(store.tf_dataset("train", 64, seed=3))
+    np.testing.assert_array_equal(_sorted_rows(shuffled), _sorted_rows(expected_x))
+    keras = store.keras_dataset("train", 64, seed=1)
+    batches = np.concatenate([keras[i][0] for i in range(len(keras))])
+    np.testing.assert_array_equal(_sorted_rows(batches), _sorted_rows(expected_x))
+
+
+def test_inspect_and_verify_take_a_url(tmp_path: Path, s3_bucket: str) -> None:
+    local = wk.convert(_series([300]), tmp_path / "s", format="parquet", window=8)
+    url = f"{s3_bucket}/s"
+    _upload(local.path, url)
+    runner = CliRunner()
+    result = runner.invoke(main, ["inspect", url])
+    assert result.exit_code == 0, result.output
+    assert "parquet" in result.output
+    result = runner.invoke(main, ["verify", "--quiet", url])
+    assert result.exit_code == 0, result.output
+    fs = fsspec.filesystem("s3")
+    part = next(p for p in fs.find(url.removeprefix("s3://") + "/data"))
+    fs.pipe(part, fs.cat(part)[:-3])
+    result = runner.invoke(main, ["verify", "--quiet", url])
+    assert result.exit_code == 1
+    assert "holds" in result.output and "bytes" in result.output
+
+
+@pytest.mark.parametrize("case", ["unknown scheme", "missing bucket", "no store"])
+def test_a_bad_url_is_one_line_and_exit_2(s3_bucket: str, case: str) -> None:
+    url = {"unknown scheme": "nosuchscheme://bucket/store",
+           "missing bucket": "s3://no-such-bucket-windowkit/store",
+           "no store": f"{s3_bucket}/nothing-here"}[case]
+    result = CliRunner().invoke(main, ["inspect", url])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and url in lines[0] and "Traceback" not in result.output
+    with pytest.raises(wk.WindowkitError):
+        wk.open_store(url)
+
+
+def _cli_in_a_clean_environment(args: list[str], **environment: str
+                                ) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child whose AWS settings are only ``environment``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true", AWS_MAX_ATTEMPTS="1", **environment)
+    code = "from windowkit.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, text=True,
+                          capture_output=True, timeout=120)
+
+
+def test_no_credentials_is_one_line(tmp_path: Path, s3_bucket: str, s3_server: str) -> None:
+    local = wk.convert(_series([200]), tmp_path / "s", format="zarr", window=8)
+    _upload(local.path, f"{s3_bucket}/s")
+    done = _cli_in_a_clean_environment(["inspect", f"{s3_bucket}/s"],
+                                       AWS_ENDPOINT_URL=s3_server)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "no credentials" in done.stderr, done.stderr
+
+
+def test_an_unreachable_endpoint_is_one_line() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    done = _cli_in_a_clean_environment(
+        ["inspect", "s3://bucket/store"], AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed}",
+        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "cannot reach" in done.stderr, done.stderr
+
+
+def test_storage_options_reach_the_filesystem(tmp_path: Path, s3_bucket: str,
+                                              s3_server: str) -> None:
+    local = wk.convert(_series([200]), tmp_path / "s", format="tfrecord", window=8)
+    _upload(local.path, f"{s3_bucket}/s")
+    options = {"key": "testing", "secret": "testing", "endpoint_url": s3_server}
+    store = wk.open_store(f"{s3_bucket}/s", storage_options=options)
+    assert store.num_windows("train") == 193
+    with pytest.raises(wk.InvalidSpecError, match="storage_options apply to URLs only"):
+        wk.open_store(local.path, storage_options=options)
