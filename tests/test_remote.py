@@ -128,3 +128,81 @@ def test_storage_options_reach_the_filesystem(tmp_path: Path, s3_bucket: str,
     assert store.num_windows("train") == 193
     with pytest.raises(wk.InvalidSpecError, match="storage_options apply to URLs only"):
         wk.open_store(local.path, storage_options=options)
+
+
+@pytest.fixture
+def mirror_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WINDOWKIT_CACHE", str(cache))
+    return cache
+
+
+def test_every_format_converts_to_s3(tmp_path: Path, fmt: str, s3_bucket: str,
+                                     mirror_cache: Path) -> None:
+    series = _series([500, 120])
+    spec = wk.WindowSpec(6, horizon=1)
+    url = f"{s3_bucket}/out/{fmt}"
+    store = wk.convert(series, url, format=fmt, window=spec, block_rows=64)
+    assert str(store.path) == url
+    expected_x, expected_y = oracle_windows(series, spec)
+    x, y = wk.open_store(url).windows("train", np.arange(len(expected_x)))
+    np.testing.assert_array_equal(x, expected_x)
+    np.testing.assert_array_equal(y, expected_y)
+    local = wk.convert(series, tmp_path / "local", format=fmt, window=spec, block_rows=64)
+    fs = fsspec.filesystem("s3")
+    for entry in local.manifest.files:  # the same bytes as a local conversion
+        assert fs.cat(f"{url.removeprefix('s3://')}/{entry.path}") == (
+            local.path / entry.path).read_bytes()
+    assert not list(mirror_cache.glob("remote/*/*"))  # the mirror is gone after the upload
+    assert not fs.exists(url.removeprefix("s3://") + ".windowkit-lock")
+
+
+def test_overwrite_rules_hold_for_a_remote_target(s3_bucket: str, mirror_cache: Path) -> None:
+    url = f"{s3_bucket}/s"
+    runner = CliRunner()
+    npy = mirror_cache.parent / "a.npy"
+    np.save(npy, np.arange(300, dtype=np.float32).reshape(100, 3))
+    args = ["convert", str(npy), "--format", "zarr", "--out", url, "--window", "4", "--quiet"]
+    assert runner.invoke(main, args).exit_code == 0
+    again = runner.invoke(main, args)
+    assert again.exit_code == 2 and "pass --overwrite" in again.output
+    assert runner.invoke(main, [*args, "--overwrite"]).exit_code == 0
+    fs = fsspec.filesystem("s3")
+    fs.pipe(f"{url.removeprefix('s3://')}/thesis.txt", b"mine")
+    refused = runner.invoke(main, [*args, "--overwrite"])
+    assert refused.exit_code == 2 and "'thesis.txt' is not one of its files" in refused.output
+    assert fs.cat(f"{url.removeprefix('s3://')}/thesis.txt") == b"mine"
+    assert wk.open_store(url).num_windows("train") == 97
+
+
+def test_a_second_conversion_to_one_target_fails_at_once(s3_bucket: str,
+                                                         mirror_cache: Path) -> None:
+    url = f"{s3_bucket}/s"
+    fs = fsspec.filesystem("s3")
+    fs.pipe(url.removeprefix("s3://") + ".windowkit-lock", b"{}")  # a conversion running
+    with pytest.raises(wk.StoreExistsError, match="another conversion to this target"):
+        wk.convert(_series([100]), url, format="zarr", window=4)
+    assert not fs.exists(url.removeprefix("s3://"))
+
+
+def test_an_interrupted_upload_leaves_no_store_and_resumes(
+        s3_bucket: str, mirror_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from windowkit.conversion import _remote
+
+    url = f"{s3_bucket}/s"
+    series = _series([400])
+    commit = _remote.commit
+
+    def connection_lost(*args: object) -> None:
+        raise KeyboardInterrupt  # the upload dies before the manifest
+
+    monkeypatch.setattr(_remote, "commit", connection_lost)
+    with pytest.raises(KeyboardInterrupt):
+        wk.convert(series, url, format="parquet", window=8)
+    with pytest.raises(wk.StoreError, match="not a windowkit store"):
+        wk.open_store(url)
+    assert fsspec.filesystem("s3").exists(f"{url.removeprefix('s3://')}/{_remote.INCOMPLETE}")
+    monkeypatch.setattr(_remote, "commit", commit)
+    store = wk.convert(series, url, format="parquet", window=8)  # the same command again
+    np.testing.assert_array_equal(store.windows("train", np.arange(393)),
+                                  oracle_windows(series, wk.WindowSpec(8))[0])

@@ -17,16 +17,23 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from windowkit._progress import human_size, progress_bar
 from windowkit.conversion._finalize import finalize
 from windowkit.conversion._plan import StorePlan, plan_store
+from windowkit.conversion._remote import (
+    check_remote_target,
+    local_mirror,
+    remote_lock,
+    upload_store,
+)
 from windowkit.conversion._shards import ShardResult, source_digest, write_shards
 from windowkit.conversion._workspace import Workspace, check_target
 from windowkit.conversion.options import DEFAULT_SHARD_BYTES, ConvertOptions
 from windowkit.errors import DiskSpaceError, InvalidSpecError, StoreExistsError, WindowkitError
 from windowkit.formats import get_format
+from windowkit.location import is_remote, resolve
 from windowkit.manifest import Manifest
 from windowkit.sources import (
     DEFAULT_SORT_MEMORY,
@@ -58,8 +65,14 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
             split_at: str | Sequence[str | int] | None = None, nan: str = "error",
             target_columns: Sequence[str] | None = None,
-            sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None) -> Store:
+            sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None,
+            storage_options: dict[str, Any] | None = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
+
+    ``out`` is a directory or a URL fsspec understands (``s3://bucket/store``,
+    ``storage_options`` going to its filesystem): a remote store is written
+    into a local mirror first, resumably, then uploaded with its manifest last
+    (:mod:`windowkit.conversion._remote`).
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
     defaults to the format's (zstd for Zarr and Parquet, none for TFRecord).
@@ -106,12 +119,28 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         sort_memory=sort_memory)
     from_table = is_table(source)
     series = [] if from_table else _open_arrays(source, table)  # checked before writing
-    out = Path(out)
+    target = resolve(out, storage_options)
+    if not is_remote(target):
+        _convert_local(source, target, options, series, overwrite=overwrite)
+        return open_store(target)
+    with remote_lock(target):
+        replaced = check_remote_target(target, overwrite=overwrite)
+        mirror = local_mirror(target)
+        mirror.parent.mkdir(parents=True, exist_ok=True)
+        _convert_local(source, mirror, options, series, overwrite=True)
+        upload_store(mirror, target, replaced=replaced)
+    return open_store(target)
+
+
+def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
+                   series: list[Series], *, overwrite: bool) -> None:
+    """Write the store into the local directory ``out`` (locked, resumable,
+    published by a rename)."""
     check_target(out, overwrite=overwrite, sources=source_files(source))
     workspace = Workspace(out)
     workspace.lock()  # before staging: a second conversion must not touch our files
     try:
-        if from_table:
+        if is_table(source):
             series = _stage(source, workspace, options)
         manifest = _write_store(workspace, series, options)
         manifest.write(workspace.root)
@@ -121,7 +150,6 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         raise
     finally:
         workspace.release()
-    return open_store(out)
 
 
 def _open_arrays(source: SourceLike, table: TableOptions) -> list[Series]:
