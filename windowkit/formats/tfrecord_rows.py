@@ -50,7 +50,7 @@ from windowkit.formats.tfrecord_io import (
     frame_record,
     unframe_record,
 )
-from windowkit.location import open_parquet, read_ranges
+from windowkit.location import is_remote, open_parquet, read_ranges
 from windowkit.spec import WindowSpec
 
 if TYPE_CHECKING:
@@ -287,10 +287,12 @@ class TFRecordRowReader:
             blobs = read_ranges(paths, starts, stops)
         except OSError as exc:
             raise StoreError(f"{paths[0]}: cannot read shard ({exc})") from exc
-        for run in runs:  # after the read: the bytes read were this store's
-            if int(shard[run[0]]) not in self._checked:
-                self._setup.check_store()
-                self._checked.add(int(shard[run[0]]))
+        # after the read: the bytes read were this store's (on object storage, a
+        # request: once per shard; every record also carries the store's tag)
+        shards = {int(shard[run[0]]) for run in runs}
+        if not is_remote(self._root) or not shards <= self._checked:
+            self._setup.check_store()
+            self._checked |= shards
         stored: dict[int, bytes] = {}
         for run, blob, start in zip(runs, blobs, starts, strict=True):
             for record in run:
@@ -315,16 +317,13 @@ class TFRecordRowReader:
         if ints.get("record") != [record] or "data" not in data:
             raise StoreError(f"{where}: holds record {ints.get('record')}, expected {record}")
         if ints.get("store") != [self._tag]:
+            self._setup.check_store()  # a replaced store says so
             raise StoreError(f"{where}: belongs to another store (store tag "
                              f"{ints.get('store')}, expected {self._tag})")
         values = np.frombuffer(data["data"], dtype=self._dtype.newbyteorder("<"))
         if values.size != rows * int(np.prod(self._step_shape, dtype=np.int64)):
             raise StoreError(f"{where}: holds {values.size} values, expected {rows} rows")
         return values.astype(self._dtype, copy=False).reshape(rows, *self._step_shape)
-
-    def read_record(self, record: int) -> np.ndarray:
-        """The rows (block and halo) of one record."""
-        return self._decode(record, self._fetch([record])[record])
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return self.read_many([(start, stop)])[0]
