@@ -63,6 +63,10 @@ from windowkit.formats import FORMAT_NAMES
               "--shard-size).")
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Processes writing shards in parallel.")
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Write the shards as tasks on the Dask cluster whose scheduler is at "
+                   "ADDRESS (e.g. tcp://10.0.0.5:8786); its workers must share --out's "
+                   "file system.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing windowkit store (or fill an empty directory); "
                    "anything else at --out is refused, and so is an --out holding a source.")
@@ -71,6 +75,7 @@ from windowkit.formats import FORMAT_NAMES
 def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: int,
             sampling_rate: int, horizon: int, compression: str | None, seed: int,
             block_rows: int | None, shard_size: int, shards: int | None, workers: int,
+            dask_address: str | None,
             overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
             split_at: str | None, nan: str, target_columns: str | None,
@@ -88,7 +93,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     source: Any = sources[0] if len(sources) == 1 else list(sources)
     store = run_convert(source, out, format=fmt, window=spec, compression=compression,
                         seed=seed, block_rows=block_rows, shard_size=shard_size,
-                        shards=shards, workers=workers, overwrite=overwrite,
+                        shards=shards, workers=workers, dask=dask_address,
+                        overwrite=overwrite,
                         progress=not quiet, series_col=series_col, time_col=time_col,
                         columns=[c.strip() for c in columns.split(",")] if columns else None,
                         max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,

@@ -66,7 +66,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             split_at: str | Sequence[str | int] | None = None, nan: str = "error",
             target_columns: Sequence[str] | None = None,
             sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None,
-            storage_options: dict[str, Any] | None = None) -> Store:
+            storage_options: dict[str, Any] | None = None, dask: Any = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``out`` is a directory or a URL fsspec understands (``s3://bucket/store``,
@@ -81,8 +81,10 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     TFRecord). Data files
     (TFRecord shards, Parquet parts) hold about ``shard_size`` bytes of rows, or
     there are ``shards`` of them; ``workers`` processes write shards in
-    parallel. Rows are streamed block by block: peak memory does not grow with
-    the source.
+    parallel, or ``dask`` (a ``distributed.Client`` or a scheduler address)
+    runs each shard as a task on its workers, which must share the target's
+    file system (for a URL target: the local mirror's). Rows are streamed
+    block by block: peak memory does not grow with the source.
 
     A CSV or Parquet file, or a pandas DataFrame, is a table
     (:mod:`windowkit.sources`): ``series_col`` names the series of a long table
@@ -115,7 +117,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         format=format, window=window, compression=compression, splits=splits,
         split_by=split_by, split_at=split_at, table=table, target_columns=target_columns,
         seed=seed, block_rows=block_rows, shard_size=shard_size, shards=shards,
-        workers=workers, overwrite=overwrite, progress=progress, nan=nan,
+        workers=workers, dask=dask, overwrite=overwrite, progress=progress, nan=nan,
         sort_memory=sort_memory)
     from_table = is_table(source)
     series = [] if from_table else _open_arrays(source, table)  # checked before writing
@@ -221,7 +223,7 @@ def _write_shards(workspace: Workspace, plan: StorePlan, options: ConvertOptions
                             on_finished=lambda n, r: workspace.shard_finished(
                                 n, r.to_marker()),
                             train_ranges=plan.splits.train_ranges(),
-                            skip_missing=options.skip_missing)
+                            skip_missing=options.skip_missing, dask=options.dask)
 
 
 def _resume_or_start(workspace: Workspace, plan: StorePlan) -> dict[int, ShardResult]:

@@ -220,11 +220,12 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
                  finished: dict[int, ShardResult] | None = None,
                  on_finished: Callable[[int, ShardResult], None] | None = None,
                  train_ranges: np.ndarray | None = None,
-                 skip_missing: bool = False) -> list[ShardResult]:
+                 skip_missing: bool = False, dask: Any = None) -> list[ShardResult]:
     """Write every shard not already ``finished`` (``workers`` processes; 1 = in
-    this process), calling ``on_finished`` as each completes; return all the
-    shards' results in shard order. ``skip_missing`` keeps rows holding NaN or
-    infinity (and reports them) instead of refusing them."""
+    this process; or tasks on the Dask cluster ``dask``), calling
+    ``on_finished`` as each completes; return all the shards' results in shard
+    order. ``skip_missing`` keeps rows holding NaN or infinity (and reports
+    them) instead of refusing them."""
     placement = SeriesLayout.of(sources)
     series = SeriesLayout(placement.rows, placement.row_offset, train_ranges)
     results: dict[int, ShardResult] = dict(finished or {})
@@ -237,7 +238,18 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
         if on_finished is not None:
             on_finished(number, result)
 
-    if workers <= 1 or len(todo) <= 1:
+    if dask is not None:
+        from windowkit.conversion._dask import dask_client, run_on_dask
+
+        def done(number: int, result: ShardResult) -> None:
+            on_rows(result.rows)
+            record(number, result)
+
+        with dask_client(dask) as client:
+            run_on_dask(client, write_shard, [
+                (shard.number, (sources, series, format_name, data_dir, layout, shard, None,
+                                skip_missing)) for shard in todo], done)
+    elif workers <= 1 or len(todo) <= 1:
         for shard in todo:
             record(shard.number, write_shard(sources, series, format_name, data_dir, layout,
                                              shard, on_rows, skip_missing))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,7 @@ class ConvertOptions:
     shard_size: int = DEFAULT_SHARD_BYTES
     shards: int | None = None
     workers: int = 1
+    dask: Any = None  # a distributed.Client or a scheduler address: shards run there
     overwrite: bool = False
     progress: bool = False
     table: TableOptions = field(default_factory=TableOptions)

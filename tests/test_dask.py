@@ -1,0 +1,77 @@
+"""Conversion on a Dask cluster: a ``LocalCluster`` of 2 worker processes the
+tests start themselves; the store equals a local conversion byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import windowkit as wk
+from windowkit.cli import main
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> object:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address=None) as local:
+        yield local
+
+
+def _npy_sources(directory: Path) -> list[Path]:
+    rng = np.random.default_rng(5)
+    directory.mkdir()
+    paths = []
+    for k, n in enumerate([3000, 1700, 900]):
+        path = directory / f"s{k}.npy"
+        np.save(path, rng.normal(size=(n, 4)).astype(np.float32))
+        paths.append(path)
+    return paths
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_dask_gives_the_store_a_local_conversion_gives(tmp_path: Path, fmt: str,
+                                                       cluster: object) -> None:
+    sources = [str(p) for p in _npy_sources(tmp_path / "src")]
+    options = {"format": fmt, "window": wk.WindowSpec(16, horizon=2), "block_rows": 256,
+               "shards": 5, "splits": {"train": 0.8, "val": 0.2}}
+    local = wk.convert(sources, tmp_path / "local", **options)
+    with distributed.Client(cluster, set_as_default=False) as client:
+        on_dask = wk.convert(sources, tmp_path / "dask", dask=client, **options)
+        assert len(client.scheduler_info()["workers"]) == 2
+    assert _tree(on_dask.path) == _tree(local.path)
+
+
+def test_the_cli_takes_a_scheduler_address(tmp_path: Path, cluster: object) -> None:
+    sources = [str(p) for p in _npy_sources(tmp_path / "src")]
+    address = cluster.scheduler_address  # type: ignore[attr-defined]
+    result = CliRunner().invoke(main, ["convert", *sources, "--format", "parquet", "--out",
+                                       str(tmp_path / "s"), "--window", "8", "--shards", "3",
+                                       "--dask", address, "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert wk.open_store(tmp_path / "s").num_windows("train") == (3000 + 1700 + 900) - 3 * 7
+
+
+def test_a_scheduler_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    sources = [str(p) for p in _npy_sources(tmp_path / "src")]
+    result = CliRunner().invoke(main, ["convert", *sources, "--format", "zarr", "--out",
+                                       str(tmp_path / "s"), "--window", "8", "--dask",
+                                       f"tcp://127.0.0.1:{closed}", "--quiet"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no Dask scheduler answers" in lines[0], result.output
+    assert not (tmp_path / "s").exists()
+    assert not list(tmp_path.glob(".s.windowkit-partial*"))
