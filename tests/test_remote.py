@@ -206,3 +206,35 @@ def test_an_interrupted_upload_leaves_no_store_and_resumes(
     store = wk.convert(series, url, format="parquet", window=8)  # the same command again
     np.testing.assert_array_equal(store.windows("train", np.arange(393)),
                                   oracle_windows(series, wk.WindowSpec(8))[0])
+
+
+def test_sources_are_read_from_s3(tmp_path: Path, s3_bucket: str, mirror_cache: Path) -> None:
+    """A .npy glob, a CSV and a Parquet table on object storage convert to the
+    same windows as their local copies."""
+    import pandas as pd
+
+    fs = fsspec.filesystem("s3")
+    bucket = s3_bucket.removeprefix("s3://")
+    arrays = _series([300, 150])
+    for k, values in enumerate(arrays):
+        buffer = tmp_path / f"a{k}.npy"
+        np.save(buffer, values)
+        fs.put_file(str(buffer), f"{bucket}/npy/a{k}.npy")
+    store = wk.convert(f"{s3_bucket}/npy/a*.npy", tmp_path / "npy", format="zarr", window=8)
+    np.testing.assert_array_equal(store.windows("train", np.arange(store.num_windows("train"))),
+                                  oracle_windows(arrays, wk.WindowSpec(8))[0])
+    frame = pd.DataFrame({"sensor": np.repeat(["a", "b"], 60), "t": np.tile(np.arange(60), 2),
+                          "x": np.arange(120, dtype=np.float64),
+                          "y": -np.arange(120, dtype=np.float64)})
+    frame.to_csv(tmp_path / "long.csv", index=False)
+    frame.to_parquet(tmp_path / "long.parquet", index=False)
+    for name in ("long.csv", "long.parquet"):
+        fs.put_file(str(tmp_path / name), f"{bucket}/tables/{name}")
+        options = {"format": "parquet", "window": 5, "series_col": "sensor", "time_col": "t"}
+        remote = wk.convert(f"{s3_bucket}/tables/{name}", tmp_path / f"r-{name}", **options)
+        local = wk.convert(tmp_path / name, tmp_path / f"l-{name}", **options)
+        n = local.num_windows("train")
+        np.testing.assert_array_equal(remote.windows("train", np.arange(n)),
+                                      local.windows("train", np.arange(n)))
+    with pytest.raises(wk.SourceNotFoundError, match="no such file"):
+        wk.convert(f"{s3_bucket}/tables/missing.csv", tmp_path / "m", format="zarr", window=4)

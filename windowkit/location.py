@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from windowkit.errors import InvalidSpecError, StoreError
+from windowkit.errors import InvalidSpecError, StoreError, WindowkitError
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -82,17 +82,18 @@ def is_remote(path: object) -> bool:
 
 
 @contextlib.contextmanager
-def remote_errors(where: object) -> Iterator[None]:
-    """Turn what object storage raises into one :class:`StoreError` line."""
+def remote_errors(where: object, kind: type[WindowkitError] = StoreError) -> Iterator[None]:
+    """Turn what object storage raises into one ``kind`` line (a
+    :class:`StoreError` for stores, a ``SourceError`` for sources)."""
     try:
         yield
-    except (StoreError, InvalidSpecError, MemoryError):
+    except (WindowkitError, MemoryError):
         raise
     except Exception as exc:
         message = describe_remote_error(exc)
         if message is None:
             raise
-        raise StoreError(f"{where}: {message}") from exc
+        raise kind(f"{where}: {message}") from exc
 
 
 def describe_remote_error(exc: BaseException) -> str | None:

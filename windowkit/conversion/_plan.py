@@ -19,7 +19,7 @@ from windowkit.conversion.options import ConvertOptions
 from windowkit.errors import InvalidSpecError
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import ShardTask
-from windowkit.sources import ArraySeries, NpySeries, Series, StagedSeries
+from windowkit.sources import ArraySeries, NpySeries, RemoteNpySeries, Series, StagedSeries
 from windowkit.spec import WindowSpec
 from windowkit.splits import SplitPlan
 
@@ -109,6 +109,8 @@ def _fingerprint(series: list[Series]) -> str:
             stat = os.stat(s.path)
             entry.update(path=os.path.abspath(s.path), bytes=stat.st_size,
                          mtime_ns=stat.st_mtime_ns)
+        elif isinstance(s, RemoteNpySeries):
+            entry.update(path=s.path, version=s.version)
         elif isinstance(s, ArraySeries):
             entry.update(content=s.content_digest())
         parts.append(entry)

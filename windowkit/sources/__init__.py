@@ -6,6 +6,7 @@ grouped first (:mod:`._grouping`)."""
 from windowkit.sources._arrays import (
     ArraySeries,
     NpySeries,
+    RemoteNpySeries,
     Series,
     SourceLike,
     check_consistent,
@@ -23,7 +24,7 @@ from windowkit.sources._tables import (
 )
 from windowkit.sources._times import parse_gap, parse_time
 
-__all__ = ["DEFAULT_SORT_MEMORY", "ArraySeries", "NpySeries", "Series", "SourceLike",
-           "StagedSeries", "TableOptions", "check_consistent", "check_finite",
+__all__ = ["DEFAULT_SORT_MEMORY", "ArraySeries", "NpySeries", "RemoteNpySeries", "Series",
+           "SourceLike", "StagedSeries", "TableOptions", "check_consistent", "check_finite",
            "estimate_staged_bytes", "is_table", "open_sources", "parse_gap", "parse_time",
            "source_files", "stage_table"]

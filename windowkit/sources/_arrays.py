@@ -14,11 +14,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import numpy as np
 import xxhash
 
 from windowkit.errors import SourceError, SourceNotFoundError
+from windowkit.location import as_url_path, is_url, read_ranges, remote_errors, resolve
 
 SourceLike = str | os.PathLike[str] | np.ndarray | Sequence[Any] | Mapping[str, Any]
 
@@ -184,7 +186,76 @@ class ArraySeries:
         return digest.hexdigest()
 
 
+@dataclass
+class RemoteNpySeries:
+    """A ``.npy`` file on object storage (any fsspec URL), read by byte range:
+    one ranged request per block of rows, never the whole file."""
+
+    path: str  # the URL
+    key: str
+    rows: int
+    dtype: np.dtype
+    step_shape: tuple[int, ...]
+    data_offset: int
+    file_dtype: np.dtype
+    version: str  # the object's ETag or modification time: what resume compares
+
+    @property
+    def where(self) -> str:
+        return self.path
+
+    @classmethod
+    def open(cls, url: str) -> RemoteNpySeries:
+        from numpy.lib import format as npy_format
+
+        path = resolve(url)
+        with remote_errors(url, SourceError):
+            try:
+                info = as_url_path(path).fs.info(as_url_path(path).path)
+            except FileNotFoundError:
+                raise SourceNotFoundError(f"{url}: no such file") from None
+            with path.open("rb") as fh:
+                try:
+                    version = npy_format.read_magic(fh)
+                    header = (npy_format.read_array_header_1_0(fh) if version == (1, 0)
+                              else npy_format.read_array_header_2_0(fh))
+                except ValueError as exc:
+                    raise SourceError(f"{url}: not a .npy file ({exc})") from None
+                offset = fh.tell()
+        shape, fortran_order, file_dtype = header
+        if fortran_order:
+            raise SourceError(f"{url}: a Fortran-ordered .npy file cannot be read by row "
+                              "ranges from object storage; save it C-ordered")
+        if len(shape) == 0:
+            raise SourceError(f"{url}: holds a scalar, expected an array of rows")
+        return cls(path=url, key=Path(urlsplit(url).path).stem, rows=int(shape[0]),
+                   dtype=check_dtype(file_dtype, url),
+                   step_shape=tuple(int(d) for d in shape[1:]), data_offset=offset,
+                   file_dtype=file_dtype,
+                   version=str(info.get("ETag") or info.get("mtime") or info.get("size")))
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        step_items = int(np.prod(self.step_shape, dtype=np.int64))
+        row_bytes = step_items * self.file_dtype.itemsize
+        first = self.data_offset + start * row_bytes
+        data = read_ranges([resolve(self.path)], [first], [first + (stop - start) * row_bytes])[0]
+        if len(data) != (stop - start) * row_bytes:
+            raise SourceError(f"{self.path}: file ended early while reading rows {start}..{stop}")
+        block = np.frombuffer(data, dtype=self.file_dtype).reshape(stop - start,
+                                                                   *self.step_shape)
+        return block.astype(self.dtype, copy=False)
+
+
 def _expand_path(path: str) -> list[str]:
+    if is_url(path):
+        if not any(ch in _GLOB_CHARS for ch in path):
+            return [path]
+        url = as_url_path(resolve(path))
+        with remote_errors(path, SourceError):
+            matches = sorted(f"{url.protocol}://{name}" for name in url.fs.glob(url.path))
+        if not matches:
+            raise SourceNotFoundError(f"{path}: no file matches this pattern")
+        return matches
     if any(ch in _GLOB_CHARS for ch in path):
         matches = sorted(globlib.glob(path))
         if not matches:
@@ -194,9 +265,12 @@ def _expand_path(path: str) -> list[str]:
 
 
 def _open_path(path: str) -> Series:
-    suffix = Path(path).suffix.lower()
+    suffix = Path(urlsplit(path).path if is_url(path) else path).suffix.lower()
     if suffix == ".npy":
-        return NpySeries.open(path)
+        return RemoteNpySeries.open(path) if is_url(path) else NpySeries.open(path)
+    if is_url(path):
+        raise SourceError(f"{path}: unsupported source type {suffix or '(no extension)'!r}; "
+                          "expected .npy, .csv or .parquet")
     if not os.path.exists(path):
         raise SourceNotFoundError(f"{path}: no such file")
     raise SourceError(
@@ -209,6 +283,8 @@ def source_files(source: Any) -> list[str]:
     files), so that a conversion never writes over its own input."""
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
+        if is_url(path):
+            return [path]
         return sorted(globlib.glob(path)) if any(c in _GLOB_CHARS for c in path) else [path]
     if isinstance(source, np.memmap):
         return [str(source.filename)] if source.filename else []

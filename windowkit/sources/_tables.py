@@ -29,12 +29,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from windowkit.errors import SourceError, SourceNotFoundError
+from windowkit.errors import SourceError, SourceNotFoundError, WindowkitError
+from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
 from windowkit.sources._grouping import group_by_series, read_within
 from windowkit.sources._times import CLOCK_DIRECTIVES, parse_gap, time_unit, times_int64
 
@@ -58,9 +60,14 @@ class TableOptions:
     time_format: str | None = None  # strptime codes for a text time column
 
 
+def _suffix(path: str) -> str:
+    """The file name's suffix, lower case (of a URL's path for a URL)."""
+    return Path(urlsplit(path).path if is_url(path) else path).suffix.lower()
+
+
 def is_table(source: Any) -> bool:
     if isinstance(source, (str, os.PathLike)):
-        return Path(source).suffix.lower() in TABLE_SUFFIXES
+        return _suffix(os.fspath(source)) in TABLE_SUFFIXES
     return type(source).__name__ == "DataFrame" and hasattr(source, "columns")
 
 
@@ -366,19 +373,20 @@ def _batches(source: Any, name: str, needed: list[str] | None) -> Iterator[pa.Re
         yield from table.to_batches(_BATCH_ROWS)
         return
     path = os.fspath(source)
-    if not os.path.exists(path):
-        raise SourceNotFoundError(f"{path}: no such file")
+    location = resolve(path)
+    with remote_errors(path, SourceError):
+        if not location.exists():
+            raise SourceNotFoundError(f"{path}: no such file")
     try:
-        if Path(path).suffix.lower() == ".csv":
+        if _suffix(path) == ".csv":
             from pyarrow import csv
 
-            reader = csv.open_csv(path, read_options=csv.ReadOptions(block_size=_CSV_BLOCK_BYTES))
-            yield from reader
+            with remote_errors(path, SourceError), location.open("rb") as fh:
+                yield from csv.open_csv(fh, read_options=csv.ReadOptions(
+                    block_size=_CSV_BLOCK_BYTES))
         else:
-            import pyarrow.parquet as pq
-
-            yield from pq.ParquetFile(path).iter_batches(batch_size=_BATCH_ROWS,
-                                                         columns=needed)
+            yield from open_parquet(location).iter_batches(batch_size=_BATCH_ROWS,
+                                                           columns=needed)
     except (pa.ArrowInvalid, OSError) as exc:
         message = str(exc).splitlines()[0]
         raise SourceError(f"{path}: cannot read the table ({message})") from None
@@ -391,6 +399,13 @@ def _identify(source: Any) -> tuple[str, str]:
     if not isinstance(source, (str, os.PathLike)):
         return "DataFrame", ""
     path = os.fspath(source)
+    if is_url(path):
+        url = as_url_path(resolve(path))
+        try:
+            info = url.fs.info(url.path)
+        except (OSError, ValueError):
+            return path, path
+        return path, f"{path}:{info.get('size')}:{info.get('ETag') or info.get('mtime')}"
     try:
         stat = os.stat(path)
     except OSError:
@@ -407,22 +422,23 @@ def estimate_staged_bytes(source: Any, options: TableOptions) -> int:
         rows, columns = len(source), len(source.columns)
     else:
         path = os.fspath(source)
+        location = resolve(path)
         try:
-            if Path(path).suffix.lower() == ".csv":
+            if _suffix(path) == ".csv":
                 from pyarrow import csv
 
-                reader = csv.open_csv(path, read_options=csv.ReadOptions(
-                    block_size=_CSV_BLOCK_BYTES))
-                first = reader.read_next_batch()
+                size = int(location.stat().st_size)
+                with location.open("rb") as fh:
+                    reader = csv.open_csv(fh, read_options=csv.ReadOptions(
+                        block_size=_CSV_BLOCK_BYTES))
+                    first = reader.read_next_batch()
                 columns = first.num_columns
-                sample = min(os.path.getsize(path), _CSV_BLOCK_BYTES)
-                rows = int(os.path.getsize(path) / max(1, sample) * max(1, first.num_rows)) + 1
+                sample = min(size, _CSV_BLOCK_BYTES)
+                rows = int(size / max(1, sample) * max(1, first.num_rows)) + 1
             else:
-                import pyarrow.parquet as pq
-
-                meta = pq.ParquetFile(path).metadata
+                meta = open_parquet(location).metadata
                 rows, columns = meta.num_rows, meta.num_columns
-        except (OSError, pa.ArrowInvalid, StopIteration):
+        except (OSError, pa.ArrowInvalid, StopIteration, WindowkitError):
             return 0  # unreadable or empty: staging says why
     values = rows * len(options.columns) if options.columns else rows * columns
     return int(values * 8 * 2.3) + rows * 8 + (16 << 20)
