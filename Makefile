@@ -7,7 +7,7 @@ DEMO   := demo
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test test-slow lint typecheck bench bench-memory bench-csv fixtures clean
+.PHONY: install demo test test-slow lint typecheck bench bench-memory bench-csv bench-remote fixtures clean
 
 install: $(STAMP)
 
@@ -49,6 +49,9 @@ bench-memory: $(STAMP)
 
 bench-csv: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark csv
+
+bench-remote: $(STAMP)
+	$(BIN)/python -m tests.benchmarks.remote --latency-ms 20
 
 fixtures: $(STAMP)
 	$(BIN)/python fixtures/make_fixtures.py

@@ -362,7 +362,7 @@ def test_a_memory_error_while_reading_is_not_called_corruption(
         tmp_path: Path, sources: list[Path], fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _convert(sources, tmp_path / "store", fmt)
     reader_type = type(store.row_reader())
-    name = {"tfrecord": "_decode", "zarr": "_check_chunks", "parquet": "_read_group"}[fmt]
+    name = {"tfrecord": "_decode", "zarr": "_check_chunks", "parquet": "_read_groups"}[fmt]
 
     def out_of_memory(*args: object) -> None:
         raise MemoryError("no memory")

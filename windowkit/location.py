@@ -122,8 +122,8 @@ def open_parquet(path: AnyPath, **options: Any) -> pq.ParquetFile:
     if not is_remote(path):
         return pq.ParquetFile(path, **options)
     url = as_url_path(path)
-    with remote_errors(path):
-        return pq.ParquetFile(url.path, filesystem=url.fs, **options)
+    with remote_errors(path):  # pre_buffer: a row group's column chunks in one request
+        return pq.ParquetFile(url.path, filesystem=url.fs, pre_buffer=True, **options)
 
 
 def read_ranges(paths: Sequence[AnyPath], starts: Sequence[int],

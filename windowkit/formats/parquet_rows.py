@@ -34,10 +34,11 @@ from windowkit.formats.base import (
     ShardTask,
     check_data_files,
 )
-from windowkit.location import open_parquet
+from windowkit.location import is_remote, open_parquet
 from windowkit.spec import WindowSpec
 
 OPEN_FILES = 2  # part files a reader keeps open
+REMOTE_OPEN_FILES = 64  # on object storage an open costs requests: keep more open
 COMPRESSIONS = ("zstd", "gzip", "none")
 _ROW_OVERHEAD = 12  # the series (int32) and row (int64) columns of a row
 _GROUP_OVERHEAD = 2048  # footer metadata of one row group (and its page headers)
@@ -141,7 +142,7 @@ class ParquetRowReader:
             self._group_starts[i] = self._files[i]["first_row"] + np.concatenate(
                 [[0], np.cumsum(sizes)])
         self._handles[i] = handle
-        while len(self._handles) > OPEN_FILES:
+        while len(self._handles) > (REMOTE_OPEN_FILES if is_remote(self._root) else OPEN_FILES):
             self._handles.popitem(last=False)
         return handle, self._group_starts[i]
 
@@ -161,16 +162,19 @@ class ParquetRowReader:
             raise StoreError(f"{path}: belongs to store id {store_id[:12] or '(none)'}, "
                              f"not to this store ({self._setup.store_id[:12]})")
 
-    def _read_group(self, i: int, group: int) -> np.ndarray:
+    def _read_groups(self, i: int, first: int, last: int) -> np.ndarray:
+        """The rows of row groups ``first..last`` of part file ``i``, read with one
+        call (on object storage, their column chunks in one go)."""
         handle, starts = self._file(i)
         path = self._root / self._files[i]["path"]
+        which = f"row group {first}" if first == last else f"row groups {first}..{last}"
         try:
-            table = handle.read_row_group(group, columns=self._columns)
+            table = handle.read_row_groups(list(range(first, last + 1)), columns=self._columns)
         except (OSError, pa.ArrowInvalid) as exc:
-            raise StoreError(f"{path}: cannot read row group {group} ({exc})") from exc
-        if len(table) != starts[group + 1] - starts[group]:
-            raise StoreError(f"{path}: row group {group} holds {len(table)} rows, its "
-                             f"metadata says {starts[group + 1] - starts[group]}")
+            raise StoreError(f"{path}: cannot read {which} ({exc})") from exc
+        if len(table) != starts[last + 1] - starts[first]:
+            raise StoreError(f"{path}: {which} hold {len(table)} rows, the metadata says "
+                             f"{starts[last + 1] - starts[first]}")
         if len(self._step_shape) > 1:
             flat = table.column(0).combine_chunks().flatten().to_numpy(zero_copy_only=False)
             return flat.reshape(len(table), *self._step_shape)
@@ -183,14 +187,15 @@ class ParquetRowReader:
         position = start
         while position < stop and file_index < len(self._files):
             _, group_starts = self._file(file_index)
-            group = int(np.searchsorted(group_starts, position, side="right")) - 1
-            while position < stop and group < len(group_starts) - 1:
-                rows = self._read_group(file_index, group)
-                lo = position - group_starts[group]
-                hi = min(stop, group_starts[group + 1]) - group_starts[group]
+            first = int(np.searchsorted(group_starts, position, side="right")) - 1
+            last = min(int(np.searchsorted(group_starts, stop, side="left")) - 1,
+                       len(group_starts) - 2)
+            if first <= last:
+                rows = self._read_groups(file_index, first, last)
+                lo = position - group_starts[first]
+                hi = min(stop, group_starts[last + 1]) - group_starts[first]
                 parts.append(rows[lo:hi])
-                position = int(group_starts[group] + hi)
-                group += 1
+                position = int(group_starts[first] + hi)
             file_index += 1
         if position != stop:
             raise StoreError(f"{self._root / 'data'}: no Parquet file holds rows "

@@ -14,7 +14,9 @@ lookup in the graph. :mod:`windowkit.readers.tf` then cuts the windows.
 
 from __future__ import annotations
 
-import threading
+import pickle
+import queue
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +24,7 @@ import numpy as np
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
 from windowkit.index import WindowRuns
+from windowkit.location import is_remote
 from windowkit.sampler import Sampler, blocks_per_group
 
 if TYPE_CHECKING:
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
 
 GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)
+REMOTE_GROUPS_AHEAD = 4  # groups read at once from object storage (latency, not bandwidth)
+REMOTE_READERS = 8  # ranges read at once from object storage
 
 
 def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: int,
@@ -72,14 +77,37 @@ class BlockWindows:
 
 
 class GroupLoader:
-    """Reads a group of blocks, each with its halo, into one array of rows."""
+    """Reads a group of blocks, each with its halo, into one array of rows.
 
-    def __init__(self, reader: RowReader, *, total_rows: int, halo: int) -> None:
-        self.reader = reader
+    A reader keeps open files, so it reads one range at a time; with
+    ``readers > 1`` (object storage: latency, not bandwidth, bounds a read)
+    that many copies of it read a group's ranges, and concurrent groups,
+    at once."""
+
+    def __init__(self, reader: RowReader, *, total_rows: int, halo: int,
+                 readers: int = 1) -> None:
         self.block_rows = reader.block_rows
         self.total_rows = total_rows
         self.halo = halo
-        self._lock = threading.Lock()  # readers keep open files: one read at a time
+        self._idle: queue.SimpleQueue[RowReader] = queue.SimpleQueue()
+        for copy in [reader] + [pickle.loads(pickle.dumps(reader)) for _ in range(readers - 1)]:
+            self._idle.put(copy)
+        self._pool = ThreadPoolExecutor(readers, "windowkit-group") if readers > 1 else None
+
+    def _read(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+        reader = self._idle.get()  # waits for a free reader
+        try:
+            read_many = getattr(reader, "read_many", None)  # fetches them together
+            return list(read_many(ranges) if read_many is not None
+                        else [reader.read_rows(a, b) for a, b in ranges])
+        finally:
+            self._idle.put(reader)
+
+    def _read_all(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+        if self._pool is None or len(ranges) == 1:
+            return self._read(ranges)
+        return [part for parts in self._pool.map(self._read, [[r] for r in ranges])
+                for part in parts]
 
     def __call__(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, offsets)``: block ``blocks[i]`` (ascending) starts at
@@ -93,11 +121,7 @@ class GroupLoader:
         hi = np.minimum(self.total_rows, (blocks[ends - 1] + 1) * size + self.halo)
         run_offset = np.concatenate([[0], np.cumsum(hi - lo)])
         offsets = (np.repeat(run_offset[:-1] - lo, ends - heads) + blocks * size).astype(np.int64)
-        ranges = [(int(a), int(b)) for a, b in zip(lo, hi, strict=True)]
-        with self._lock:
-            read_many = getattr(self.reader, "read_many", None)  # fetches them together
-            parts = (read_many(ranges) if read_many is not None
-                     else [self.reader.read_rows(a, b) for a, b in ranges])
+        parts = self._read_all([(int(a), int(b)) for a, b in zip(lo, hi, strict=True)])
         for k, part in enumerate(parts):  # a short read would shift every later block
             if len(part) != hi[k] - lo[k]:
                 first, last = int(blocks[heads[k]]), int(blocks[ends[k] - 1])
@@ -131,7 +155,9 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                           block_bytes=(block_rows + spec.span - 1) * plan.row_bytes,
                           num_blocks=len(useful))
     sampler = Sampler(windows.windows, group=group, shuffle=shuffle, seed=seed)
-    loader = GroupLoader(plan.row_reader(), total_rows=total_rows, halo=spec.span - 1)
+    remote = is_remote(plan.path)
+    loader = GroupLoader(plan.row_reader(), total_rows=total_rows, halo=spec.span - 1,
+                         readers=REMOTE_READERS if remote else 1)
     dtype = tf.as_dtype(plan.dtype)
 
     def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -145,5 +171,7 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
         return rows, starts
 
     ds = epoch_groups(sampler)
-    # one group read at a time (bounded memory), ahead of the cuts of the previous one
-    return ds.map(load, num_parallel_calls=1, deterministic=True)
+    # one group read at a time (bounded memory), ahead of the cuts of the previous one;
+    # from object storage several, so that request latency overlaps
+    ahead = REMOTE_GROUPS_AHEAD if remote else 1
+    return ds.map(load, num_parallel_calls=ahead, deterministic=True)
