@@ -154,6 +154,7 @@ def test_every_format_converts_to_s3(tmp_path: Path, fmt: str, s3_bucket: str,
         assert fs.cat(f"{url.removeprefix('s3://')}/{entry.path}") == (
             local.path / entry.path).read_bytes()
     assert not list(mirror_cache.glob("remote/*/*"))  # the mirror is gone after the upload
+    assert not fs.exists(url.removeprefix("s3://") + ".windowkit-partial")  # and the shards
     assert not fs.exists(url.removeprefix("s3://") + ".windowkit-lock")
 
 
@@ -238,3 +239,58 @@ def test_sources_are_read_from_s3(tmp_path: Path, s3_bucket: str, mirror_cache: 
                                       local.windows("train", np.arange(n)))
     with pytest.raises(wk.SourceNotFoundError, match="no such file"):
         wk.convert(f"{s3_bucket}/tables/missing.csv", tmp_path / "m", format="zarr", window=4)
+
+
+_SLOW_CHILD = """
+import sys, time
+import numpy as np
+import windowkit as wk
+from windowkit.formats import get_format
+
+storage = type(get_format("parquet"))
+original = storage.write_shard
+def slow_write_shard(self, *args):
+    time.sleep(0.3)
+    return original(self, *args)
+storage.write_shard = slow_write_shard
+rows = np.arange(6000, dtype=np.float32).reshape(2000, 3)
+wk.convert({"a": rows}, sys.argv[1], format="parquet", window=8, block_rows=128, shards=6)
+"""
+
+
+def test_a_remote_conversion_killed_mid_way_leaves_no_store_and_resumes(
+        s3_bucket: str, mirror_cache: Path) -> None:
+    """kill -9 after 3 of 6 shards were uploaded: nothing opens under the target;
+    the same command finishes the store, reusing the uploaded shards."""
+    import signal
+    import time
+
+    from windowkit.conversion._remote import local_mirror
+    from windowkit.location import resolve
+
+    url = f"{s3_bucket}/killed"
+    resume = local_mirror(resolve(url))
+    resume = resume.parent / f".{resume.name}.windowkit-partial" / "_resume"
+    env = {**os.environ, "WINDOWKIT_CACHE": str(mirror_cache)}
+    child = subprocess.Popen([sys.executable, "-c", _SLOW_CHILD, url], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(list(resume.glob("shard-*.json"))) < 3 and child.poll() is None:
+        assert time.monotonic() < deadline, "the conversion made no progress"
+        time.sleep(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert 3 <= len(list(resume.glob("shard-*.json"))) < 6, "the kill landed too late"
+    with pytest.raises(wk.StoreError, match="not a windowkit store"):
+        wk.open_store(url)
+    fs = fsspec.filesystem("s3")
+    uploaded = fs.find(url.removeprefix("s3://") + ".windowkit-partial")
+    assert len(uploaded) >= 3
+    assert fs.exists(url.removeprefix("s3://") + ".windowkit-lock")  # the killed run's
+    again = subprocess.run([sys.executable, "-c", _SLOW_CHILD, url], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rows = np.arange(6000, dtype=np.float32).reshape(2000, 3)
+    store = wk.open_store(url)
+    np.testing.assert_array_equal(store.windows("train", np.arange(1993)),
+                                  oracle_windows([rows], wk.WindowSpec(8))[0])

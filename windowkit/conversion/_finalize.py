@@ -129,4 +129,6 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
                  "split": names,
                  "normalization_rows": "train" if "train" in names else names[0]},
         source_fingerprint=plan.fingerprint, store_id=plan.store_id,
-        files=[known.get(f) or FileEntry.of(root, f) for f in workspace.files()])
+        # shard files are in the workspace, or (for a URL target) already uploaded
+        files=[known.get(f) or FileEntry.of(root, f)
+               for f in sorted(set(workspace.files()) | set(known))])

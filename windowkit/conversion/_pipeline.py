@@ -27,13 +27,15 @@ from windowkit.conversion._remote import (
     local_mirror,
     remote_lock,
     upload_store,
+    uploaded_sizes,
+    workspace_prefix,
 )
 from windowkit.conversion._shards import ShardResult, source_digest, write_shards
 from windowkit.conversion._workspace import Workspace, check_target
 from windowkit.conversion.options import DEFAULT_SHARD_BYTES, ConvertOptions
 from windowkit.errors import DiskSpaceError, InvalidSpecError, StoreExistsError, WindowkitError
 from windowkit.formats import get_format
-from windowkit.location import is_remote, resolve
+from windowkit.location import AnyPath, is_remote, resolve
 from windowkit.manifest import Manifest
 from windowkit.sources import (
     DEFAULT_SORT_MEMORY,
@@ -129,22 +131,24 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         replaced = check_remote_target(target, overwrite=overwrite)
         mirror = local_mirror(target)
         mirror.parent.mkdir(parents=True, exist_ok=True)
-        _convert_local(source, mirror, options, series, overwrite=True)
+        _convert_local(source, mirror, options, series, overwrite=True,
+                       upload_to=workspace_prefix(target))
         upload_store(mirror, target, replaced=replaced)
     return open_store(target)
 
 
 def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
-                   series: list[Series], *, overwrite: bool) -> None:
+                   series: list[Series], *, overwrite: bool,
+                   upload_to: AnyPath | None = None) -> None:
     """Write the store into the local directory ``out`` (locked, resumable,
-    published by a rename)."""
+    published by a rename); with ``upload_to`` its shards go there instead."""
     check_target(out, overwrite=overwrite, sources=source_files(source))
     workspace = Workspace(out)
     workspace.lock()  # before staging: a second conversion must not touch our files
     try:
         if is_table(source):
             series = _stage(source, workspace, options)
-        manifest = _write_store(workspace, series, options)
+        manifest = _write_store(workspace, series, options, upload_to)
         manifest.write(workspace.root)
         workspace.publish(overwrite=overwrite)
     except BaseException as exc:
@@ -192,26 +196,31 @@ def _check_disk_space(directory: Path, needed: int, what: str = "the store") -> 
                              f"{human_size(needed)}, {human_size(free)} are free")
 
 
-def _write_store(workspace: Workspace, series: list[Series], options: ConvertOptions
-                 ) -> Manifest:
-    """Plan the store, write (or reuse) its shards, then its tables; return its manifest."""
+def _write_store(workspace: Workspace, series: list[Series], options: ConvertOptions,
+                 upload_to: AnyPath | None = None) -> Manifest:
+    """Plan the store, write (or reuse) its shards, then its tables; return its
+    manifest. With ``upload_to`` (a URL prefix) the shards are uploaded there."""
     plan = plan_store(series, options)
     storage = get_format(options.format)
-    finished = _resume_or_start(workspace, plan)
+    finished = _resume_or_start(workspace, plan, upload_to)
     reused = sum(f.bytes for result in finished.values() for f in result.files)
-    _check_disk_space(workspace.root, plan.needed_bytes() - reused)
+    if upload_to is None:
+        _check_disk_space(workspace.root, plan.needed_bytes() - reused)
+    else:
+        _check_disk_space(workspace.root, plan.table_bytes(), "the store's tables")
     data_dir = workspace.root / "data"
     if not workspace.resumable:
         data_dir.mkdir()
         storage.prepare(data_dir, plan.layout, len(plan.tasks))
         workspace.start(plan.key)
-    results = _write_shards(workspace, plan, options, finished)
+    results = _write_shards(workspace, plan, options, finished, upload_to)
     data = storage.finish(data_dir, plan.layout, [r.summary for r in results])
     return finalize(workspace, plan, options, results, data)
 
 
 def _write_shards(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
-                  finished: dict[int, ShardResult]) -> list[ShardResult]:
+                  finished: dict[int, ShardResult],
+                  upload_to: AnyPath | None) -> list[ShardResult]:
     """Every shard not finished yet, in ``options.workers`` processes, each
     recorded in the workspace as it finishes; a progress bar on request."""
     row_bytes = plan.layout.row_bytes
@@ -223,14 +232,21 @@ def _write_shards(workspace: Workspace, plan: StorePlan, options: ConvertOptions
                             on_finished=lambda n, r: workspace.shard_finished(
                                 n, r.to_marker()),
                             train_ranges=plan.splits.train_ranges(),
-                            skip_missing=options.skip_missing, dask=options.dask)
+                            skip_missing=options.skip_missing, dask=options.dask,
+                            upload_to=upload_to)
 
 
-def _resume_or_start(workspace: Workspace, plan: StorePlan) -> dict[int, ShardResult]:
+def _resume_or_start(workspace: Workspace, plan: StorePlan,
+                     upload_to: AnyPath | None = None) -> dict[int, ShardResult]:
     """The finished shards of an interrupted run of this plan whose source rows
-    are unchanged; else an empty workspace and none."""
+    are unchanged (and, with ``upload_to``, whose files were uploaded whole);
+    else an empty workspace and none."""
     markers = workspace.finished_shards(plan.key)
     tasks = plan.tasks
+    if markers and upload_to is not None:
+        uploaded = uploaded_sizes(upload_to)
+        markers = {n: m for n, m in markers.items()
+                   if all(uploaded.get(f["path"]) == f["bytes"] for f in m["files"])}
     if markers is not None:
         for number, marker in sorted(markers.items()):
             if number not in range(len(tasks)) or marker.get("source_digest") != (

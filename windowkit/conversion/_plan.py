@@ -49,7 +49,11 @@ class StorePlan:
         layout = self.layout
         pieces = self.placement.pieces_before(layout.total_rows, layout.block_rows)
         data = get_format(self.format).max_data_bytes(layout, pieces)
-        return data + 2 * layout.total_rows + 256 * len(self.series) + (1 << 20)
+        return data + self.table_bytes()
+
+    def table_bytes(self) -> int:
+        """About what the index tables and the series table take, at most."""
+        return 2 * self.layout.total_rows + 256 * len(self.series) + (1 << 20)
 
 
 def choose_block_rows(row_bytes: int, min_rows: int, target_bytes: int) -> int:

@@ -1,13 +1,17 @@
 """Converting to object storage, which has no atomic rename: the manifest,
 written last, is the commit.
 
-The store is first written, resumably, into a local mirror (a directory under
-the user's cache named after the target URL), with every rule of a local
-conversion. Then its files are uploaded under the target, concurrently, and
-the manifest last: until then nothing under the target opens as a store. An
-``.windowkit-incomplete`` object under the target marks an upload in
-progress, so an interrupted one is recognised (and replaced) by the next run
-of the same command. A lock object beside the target, created with a
+Shards are written where they run (in this process, a worker process or a
+Dask worker) and uploaded at once into a *workspace prefix* beside the target,
+``TARGET.windowkit-partial/``; everything else (staged tables, the resume
+records, index and series tables) is written, resumably, into a local mirror
+under the user's cache, with every rule of a local conversion. Publishing
+copies the shard objects under the target (server-side), uploads the mirror's
+files, and writes the manifest last: until then nothing under the target opens
+as a store (an old store there keeps opening until its manifest is replaced).
+An ``.windowkit-incomplete`` object under the target marks a publish in
+progress, so an interrupted one is recognised and replaced by the next run of
+the same command. A lock object beside the target, created with a
 conditional write, makes a second conversion to the same target fail at once.
 """
 
@@ -18,19 +22,50 @@ import json
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from windowkit.errors import StoreExistsError
-from windowkit.location import AnyPath, as_url_path, remote_errors
+import psutil
+
+from windowkit.errors import StoreError, StoreExistsError
+from windowkit.location import AnyPath, as_url_path, remote_errors, resolve
 from windowkit.manifest import MANIFEST_NAME
 
 log = logging.getLogger("windowkit")
 
 INCOMPLETE = ".windowkit-incomplete"  # under the target while files are uploaded
 LOCK_SUFFIX = ".windowkit-lock"  # beside the target while a conversion runs
+WORKSPACE_SUFFIX = ".windowkit-partial"  # beside the target: the shards written so far
+
+
+def workspace_prefix(target: AnyPath) -> AnyPath:
+    """Where shards are uploaded before the store is published."""
+    url = as_url_path(target)
+    return resolve(f"{url.protocol}://{url.path.rstrip('/')}{WORKSPACE_SUFFIX}",
+                   dict(url.storage_options) or None)
+
+
+def upload_files(local_root: Path, relative: list[str], prefix: AnyPath) -> None:
+    """Upload ``local_root/<path>`` to ``prefix/<path>`` for each path, concurrently."""
+    url = as_url_path(prefix)
+    with remote_errors(prefix):
+        url.fs.put([str(local_root / name) for name in relative],
+                   [f"{url.path.rstrip('/')}/{name}" for name in relative])
+
+
+def uploaded_sizes(prefix: AnyPath) -> dict[str, int]:
+    """The objects under ``prefix`` and their sizes (what workers uploaded)."""
+    url = as_url_path(prefix)
+    root = url.path.rstrip("/") + "/"
+    with remote_errors(prefix):
+        try:
+            found = url.fs.find(root, detail=True)
+        except FileNotFoundError:
+            return {}
+    return {name[len(root):]: int(info.get("size") or 0) for name, info in found.items()}
 
 
 def local_mirror(target: AnyPath) -> Path:
@@ -75,20 +110,36 @@ def check_remote_target(target: AnyPath, *, overwrite: bool) -> set[str]:
     return present
 
 
+def _stale(fs: Any, lock: str) -> bool:
+    """Whether the lock object was left by a conversion on this machine whose
+    process is gone (killed): then the same command may take it over."""
+    try:
+        holder = json.loads(fs.cat_file(lock))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(holder, dict) and holder.get("host") == socket.gethostname()
+            and isinstance(holder.get("pid"), int) and not psutil.pid_exists(holder["pid"]))
+
+
 @contextmanager
 def remote_lock(target: AnyPath) -> Iterator[None]:
     """Hold the lock object beside ``target`` (a conditional write: the second
-    conversion to one target fails at once)."""
+    conversion to one target fails at once; one left by a killed conversion on
+    this machine is taken over)."""
     url = as_url_path(target)
     lock = url.path.rstrip("/") + LOCK_SUFFIX
+    holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
     with remote_errors(target):
         try:
             with url.fs.open(lock, "xb") as fh:
-                fh.write(json.dumps({"pid": os.getpid()}).encode())
+                fh.write(holder)
         except FileExistsError:
-            raise StoreExistsError(
-                f"{target}: another conversion to this target is running (lock object "
-                f"{url.protocol}://{lock}); if none is, delete that object") from None
+            if not _stale(url.fs, lock):
+                raise StoreExistsError(
+                    f"{target}: another conversion to this target is running (lock object "
+                    f"{url.protocol}://{lock}); if none is, delete that object") from None
+            log.info("%s: taking over the lock of a conversion that was killed", target)
+            url.fs.pipe_file(lock, holder)
     try:
         yield
     finally:
@@ -102,22 +153,36 @@ def commit(fs: Any, manifest: Path, remote: str) -> None:
 
 
 def upload_store(local: Path, target: AnyPath, *, replaced: set[str]) -> None:
-    """Upload the store at ``local`` under ``target``, the manifest last, then
-    delete the ``replaced`` objects the new store does not have."""
+    """Publish: the shard objects of the workspace prefix and the files of the
+    local mirror ``local`` under ``target``, the manifest last; then delete the
+    ``replaced`` objects the new store does not have, and the workspace."""
     url = as_url_path(target)
     prefix = url.path.rstrip("/")
+    workspace = as_url_path(workspace_prefix(target)).path.rstrip("/")
     manifest = json.loads((local / MANIFEST_NAME).read_bytes())
     files = [entry["path"] for entry in manifest["files"]]
+    local_files = [name for name in files if (local / name).is_file()]
+    uploaded = uploaded_sizes(workspace_prefix(target))
+    sizes = {entry["path"]: entry["bytes"] for entry in manifest["files"]}
+    shard_files = [name for name in files if name not in local_files]
+    lost = [name for name in shard_files if uploaded.get(name) != sizes[name]]
+    if lost:
+        raise StoreError(f"{target}: the uploaded shard file {lost[0]!r} is missing or "
+                         f"changed in {url.protocol}://{workspace}; run the conversion again")
     with remote_errors(target):
         url.fs.pipe_file(f"{prefix}/{INCOMPLETE}", manifest["store_id"].encode())
         if MANIFEST_NAME in replaced:  # the old store stops opening before it changes
             url.fs.rm_file(f"{prefix}/{MANIFEST_NAME}")
-        url.fs.put([str(local / name) for name in files],
-                   [f"{prefix}/{name}" for name in files])
+        url.fs.copy([f"{workspace}/{name}" for name in shard_files],
+                    [f"{prefix}/{name}" for name in shard_files])
+        url.fs.put([str(local / name) for name in local_files],
+                   [f"{prefix}/{name}" for name in local_files])
         commit(url.fs, local / MANIFEST_NAME, f"{prefix}/{MANIFEST_NAME}")
         stale = sorted(replaced - set(files) - {MANIFEST_NAME, INCOMPLETE})
         if stale:
             url.fs.rm([f"{prefix}/{name}" for name in stale])
         url.fs.rm_file(f"{prefix}/{INCOMPLETE}")
-    log.info("%s: uploaded %d files", target, len(files) + 1)
+        if uploaded:
+            url.fs.rm(workspace, recursive=True)
+    log.info("%s: published %d files", target, len(files) + 1)
     shutil.rmtree(local.parent, ignore_errors=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -21,9 +22,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from windowkit.conversion._remote import upload_files
 from windowkit.conversion._workspace import fsync
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import Piece, ShardTask
+from windowkit.location import AnyPath
 from windowkit.manifest import FileEntry
 from windowkit.sources import Series, check_finite
 from windowkit.stats import RunningStats
@@ -200,6 +203,24 @@ def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
     return ShardResult(summary, stats, shard.rows, files, digest.hexdigest(), runs)
 
 
+def write_shard_and_upload(sources: list[Series], series: SeriesLayout, format_name: str,
+                           layout: DataLayout, shard: ShardTask, skip_missing: bool,
+                           upload_to: AnyPath) -> ShardResult:
+    """Write a shard into a temporary directory, then upload its files under
+    ``upload_to`` (a URL prefix standing for the store's root): what a worker
+    does for a store on object storage. Idempotent: the same shard uploads the
+    same bytes."""
+    storage = get_format(format_name)
+    with tempfile.TemporaryDirectory(prefix="windowkit-shard-") as scratch:
+        data_dir = Path(scratch) / "data"
+        data_dir.mkdir()
+        storage.prepare(data_dir, layout, shard.count)  # the format's empty store
+        result = write_shard(sources, series, format_name, data_dir, layout, shard,
+                             skip_missing=skip_missing)
+        upload_files(Path(scratch), [f.path for f in result.files], upload_to)
+    return result
+
+
 _worker_sources: list[Series] = []
 
 
@@ -209,8 +230,11 @@ def _init_worker(sources: list[Series]) -> None:
 
 
 def _write_shard_in_worker(series: SeriesLayout, format_name: str, data_dir: Path,
-                           layout: DataLayout, shard: ShardTask,
-                           skip_missing: bool) -> ShardResult:
+                           layout: DataLayout, shard: ShardTask, skip_missing: bool,
+                           upload_to: AnyPath | None) -> ShardResult:
+    if upload_to is not None:
+        return write_shard_and_upload(_worker_sources, series, format_name, layout, shard,
+                                      skip_missing, upload_to)
     return write_shard(_worker_sources, series, format_name, data_dir, layout, shard,
                        skip_missing=skip_missing)
 
@@ -220,12 +244,14 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
                  finished: dict[int, ShardResult] | None = None,
                  on_finished: Callable[[int, ShardResult], None] | None = None,
                  train_ranges: np.ndarray | None = None,
-                 skip_missing: bool = False, dask: Any = None) -> list[ShardResult]:
+                 skip_missing: bool = False, dask: Any = None,
+                 upload_to: AnyPath | None = None) -> list[ShardResult]:
     """Write every shard not already ``finished`` (``workers`` processes; 1 = in
     this process; or tasks on the Dask cluster ``dask``), calling
     ``on_finished`` as each completes; return all the shards' results in shard
     order. ``skip_missing`` keeps rows holding NaN or infinity (and reports
-    them) instead of refusing them."""
+    them) instead of refusing them. With ``upload_to`` (a URL prefix), each
+    shard is written in a scratch directory where it runs and uploaded there."""
     placement = SeriesLayout.of(sources)
     series = SeriesLayout(placement.rows, placement.row_offset, train_ranges)
     results: dict[int, ShardResult] = dict(finished or {})
@@ -246,9 +272,20 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
             record(number, result)
 
         with dask_client(dask) as client:
-            run_on_dask(client, write_shard, [
-                (shard.number, (sources, series, format_name, data_dir, layout, shard, None,
-                                skip_missing)) for shard in todo], done)
+            if upload_to is None:
+                run_on_dask(client, write_shard, [
+                    (shard.number, (sources, series, format_name, data_dir, layout, shard, None,
+                                    skip_missing)) for shard in todo], done)
+            else:
+                run_on_dask(client, write_shard_and_upload, [
+                    (shard.number, (sources, series, format_name, layout, shard, skip_missing,
+                                    upload_to)) for shard in todo], done)
+    elif (workers <= 1 or len(todo) <= 1) and upload_to is not None:
+        for shard in todo:
+            result = write_shard_and_upload(sources, series, format_name, layout, shard,
+                                            skip_missing, upload_to)
+            on_rows(result.rows)
+            record(shard.number, result)
     elif workers <= 1 or len(todo) <= 1:
         for shard in todo:
             record(shard.number, write_shard(sources, series, format_name, data_dir, layout,
@@ -259,7 +296,7 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
         with ProcessPoolExecutor(min(workers, len(shards)), mp_context=context,
                                  initializer=_init_worker, initargs=(sources,)) as pool:
             futures = {pool.submit(_write_shard_in_worker, series, format_name, data_dir,
-                                   layout, shard, skip_missing): shard.number
+                                   layout, shard, skip_missing, upload_to): shard.number
                        for shard in todo}
             try:
                 for future in as_completed(futures):
