@@ -72,9 +72,9 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``out`` is a directory or a URL fsspec understands (``s3://bucket/store``,
-    ``storage_options`` going to its filesystem): a remote store is written
-    into a local mirror first, resumably, then uploaded with its manifest last
-    (:mod:`windowkit.conversion._remote`).
+    ``storage_options`` going to its filesystem): a remote store's shards are
+    uploaded as they are written, its tables kept in a local mirror, and the
+    manifest written last (:mod:`windowkit.conversion._remote`).
 
     ``window`` is a :class:`WindowSpec` or a window length. ``compression``
     defaults to the format's (zstd for Zarr and Parquet, none for TFRecord).
@@ -84,8 +84,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     (TFRecord shards, Parquet parts) hold about ``shard_size`` bytes of rows, or
     there are ``shards`` of them; ``workers`` processes write shards in
     parallel, or ``dask`` (a ``distributed.Client`` or a scheduler address)
-    runs each shard as a task on its workers, which must share the target's
-    file system (for a URL target: the local mirror's). Rows are streamed
+    runs each shard as a task on its workers, which write it straight to the
+    target (for a local path, one they share). Rows are streamed
     block by block: peak memory does not grow with the source.
 
     A CSV or Parquet file, or a pandas DataFrame, is a table
