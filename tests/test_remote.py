@@ -3,6 +3,7 @@ readers, against a local S3 server the tests start themselves."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -294,3 +295,13 @@ def test_a_remote_conversion_killed_mid_way_leaves_no_store_and_resumes(
     store = wk.open_store(url)
     np.testing.assert_array_equal(store.windows("train", np.arange(1993)),
                                   oracle_windows([rows], wk.WindowSpec(8))[0])
+
+
+def test_bench_takes_a_url(tmp_path: Path, s3_bucket: str) -> None:
+    local = wk.convert(_series([600]), tmp_path / "s", format="tfrecord", window=8,
+                       block_rows=64)
+    _upload(local.path, f"{s3_bucket}/s")
+    result = CliRunner().invoke(main, ["bench", f"{s3_bucket}/s", "--batch-size", "16",
+                                       "--batches", "5", "--warmup", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["run"]["windows_s"] > 0
