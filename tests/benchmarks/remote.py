@@ -32,13 +32,17 @@ from tests.benchmarks.benchmark import BATCH, OUT, _make_throughput_data
 
 # small data files: the local S3 server (moto) copies a whole object to serve a range
 SHARD_BYTES = 2 << 20
+EPOCHS = 3  # read per measurement (the first one warms up)
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                "proxy-authorization", "proxy-authenticate"}
 
 
 def latency_proxy(upstream_port: int, delay: float) -> ThreadingHTTPServer:
     """An HTTP proxy on 127.0.0.1 that waits ``delay`` seconds per request, then
-    forwards it to ``127.0.0.1:upstream_port`` (started in a thread)."""
+    forwards it to ``127.0.0.1:upstream_port`` (started in a thread); its
+    ``counts`` say how many requests it served and how many bytes it sent."""
+    counts = {"requests": 0, "bytes": 0}
+    counts_lock = threading.Lock()
 
     class Delayed(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -62,6 +66,9 @@ def latency_proxy(upstream_port: int, delay: float) -> ThreadingHTTPServer:
             if self.command != "HEAD":
                 self.wfile.write(data)
             upstream.close()
+            with counts_lock:
+                counts["requests"] += 1
+                counts["bytes"] += len(data) if self.command == "GET" else 0
 
         def _body(self) -> bytes | None:
             if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
@@ -84,6 +91,7 @@ def latency_proxy(upstream_port: int, delay: float) -> ThreadingHTTPServer:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Delayed)
     server.daemon_threads = True
+    server.counts = counts  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -112,7 +120,7 @@ def child_epoch(store: str) -> dict[str, Any]:
     opened = wk.open_store(store)
     ds = opened.tf_dataset("train", BATCH, seed=0)
     best = 0.0
-    for epoch in range(3):
+    for epoch in range(EPOCHS):
         windows, start = 0, time.perf_counter()
         for batch in ds:
             windows += int(batch[0].shape[0] if isinstance(batch, tuple) else batch.shape[0])
@@ -163,16 +171,21 @@ def run(latency_ms: float, formats: list[str]) -> None:
         print(f"data: the make bench data, tf_dataset whole shuffled epochs; object store: "
               f"local S3 server + {latency_ms:g} ms per request")
         print(f"{'format':<10}{'local w/s':>14}{'s3 w/s':>14}{'s3/local':>10}"
-              f"{'convert local':>15}{'convert s3':>12}")
+              f"{'convert local':>15}{'convert s3':>12}{'requests/epoch':>16}"
+              f"{'MB/epoch':>10}")
         for fmt in formats:
             local = OUT / f"remote-local-{fmt}"
             sources = str(source_dir / "*.npy")
             local_convert = _child(env, "convert", sources, str(local), fmt)["seconds"]
             remote_convert = _child(env, "convert", sources, f"s3://bench/{fmt}", fmt)["seconds"]
             on_disk = _child(env, "epoch", str(local))["windows_per_s"]
+            before = dict(proxy.counts)  # type: ignore[attr-defined]
             on_s3 = _child(env, "epoch", f"s3://bench/{fmt}")["windows_per_s"]
+            requests, sent = (proxy.counts[k] - before[k]  # type: ignore[attr-defined]
+                              for k in ("requests", "bytes"))
             print(f"{fmt:<10}{on_disk:>14,.0f}{on_s3:>14,.0f}{on_s3 / on_disk:>9.2f}x"
-                  f"{local_convert:>14.1f}s{remote_convert:>11.1f}s", flush=True)
+                  f"{local_convert:>14.1f}s{remote_convert:>11.1f}s"
+                  f"{requests / EPOCHS:>16,.0f}{sent / EPOCHS / 1e6:>10.1f}", flush=True)
     finally:
         proxy.shutdown()
         server.terminate()
