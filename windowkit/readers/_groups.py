@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import pickle
 import queue
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)
 REMOTE_GROUPS_AHEAD = 4  # groups read at once from object storage (latency, not bandwidth)
 REMOTE_READERS = 8  # ranges read at once from object storage
+HEAD_CACHE_BYTES = 32 << 20  # the first rows of blocks read: later halos need no read
 
 
 def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: int,
@@ -82,7 +85,12 @@ class GroupLoader:
     A reader keeps open files, so it reads one range at a time; with
     ``readers > 1`` (object storage: latency, not bandwidth, bounds a read)
     that many copies of it read a group's ranges, and concurrent groups,
-    at once."""
+    at once.
+
+    A block's halo is the first ``halo`` rows of the next block, and reading
+    them costs a whole chunk or row group. So the loader keeps the heads of the
+    blocks it read (``HEAD_CACHE_BYTES``): a halo whose block was read before
+    in the epoch is not read again."""
 
     def __init__(self, reader: RowReader, *, total_rows: int, halo: int,
                  readers: int = 1) -> None:
@@ -93,6 +101,30 @@ class GroupLoader:
         for copy in [reader] + [pickle.loads(pickle.dumps(reader)) for _ in range(readers - 1)]:
             self._idle.put(copy)
         self._pool = ThreadPoolExecutor(readers, "windowkit-group") if readers > 1 else None
+        self._heads: OrderedDict[int, np.ndarray] = OrderedDict()  # block -> its first rows
+        self._head_bytes = 0
+        self._heads_lock = threading.Lock()
+
+    def _head(self, block: int) -> np.ndarray | None:
+        with self._heads_lock:
+            return self._heads.get(block)
+
+    def _keep_heads(self, rows: np.ndarray, first_row: int, blocks: range) -> None:
+        """Remember the first ``halo`` rows of each of ``blocks`` found in ``rows``
+        (which start at global row ``first_row``)."""
+        if self.halo == 0:
+            return
+        with self._heads_lock:
+            for block in blocks:
+                lo = block * self.block_rows - first_row
+                want = min(self.halo, self.total_rows - block * self.block_rows)
+                if block in self._heads or lo < 0 or lo + want > len(rows):
+                    continue
+                head = rows[lo:lo + want].copy()
+                self._heads[block] = head
+                self._head_bytes += head.nbytes
+            while self._head_bytes > HEAD_CACHE_BYTES and self._heads:
+                self._head_bytes -= self._heads.popitem(last=False)[1].nbytes
 
     def _read(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
         reader = self._idle.get()  # waits for a free reader
@@ -121,7 +153,18 @@ class GroupLoader:
         hi = np.minimum(self.total_rows, (blocks[ends - 1] + 1) * size + self.halo)
         run_offset = np.concatenate([[0], np.cumsum(hi - lo)])
         offsets = (np.repeat(run_offset[:-1] - lo, ends - heads) + blocks * size).astype(np.int64)
-        parts = self._read_all([(int(a), int(b)) for a, b in zip(lo, hi, strict=True)])
+        # a run's halo is the next block's head: read it only when not already known
+        known = [self._head(int(blocks[e - 1]) + 1) if hi[k] > (blocks[e - 1] + 1) * size
+                 else None for k, e in enumerate(ends)]
+        stops = [int(min(h, (blocks[e - 1] + 1) * size)) if head is not None else int(h)
+                 for h, e, head in zip(hi, ends, known, strict=True)]
+        parts = self._read_all([(int(a), b) for a, b in zip(lo, stops, strict=True)])
+        for k, part in enumerate(parts):
+            first, last = int(blocks[heads[k]]), int(blocks[ends[k] - 1])
+            self._keep_heads(part, int(lo[k]), range(first, last + 2))
+            head = known[k]
+            if head is not None and len(part) == stops[k] - lo[k]:
+                parts[k] = np.concatenate([part, head])
         for k, part in enumerate(parts):  # a short read would shift every later block
             if len(part) != hi[k] - lo[k]:
                 first, last = int(blocks[heads[k]]), int(blocks[ends[k] - 1])
