@@ -289,3 +289,31 @@ def test_loader_threads_never_share_a_reader_at_once(picklable: bool) -> None:
     errors = _hammer(pool, rounds=15, blocks_per_call=2)
     assert not errors, errors
     assert not pool._pins.any()
+
+
+class RangeLog(NumberedRows):
+    """Numbered rows that record every range read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ranges: list[tuple[int, int]] = []
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        self.ranges.append((start, stop))
+        return super().read_rows(start, stop)
+
+
+def test_group_loader_takes_a_halo_from_a_block_it_read_before() -> None:
+    """A halo is the next block's first rows: once that block was read, a later
+    group's halo comes from what was kept, not from another read; the rows are
+    the same either way."""
+    reader = RangeLog()
+    loader = GroupLoader(reader, total_rows=TOTAL_ROWS, halo=2)
+    rows, _ = loader(np.array([5]))  # block 5 and its halo, the head of block 6
+    assert reader.ranges == [(20, 26)] and rows[:, 0].tolist() == list(range(20, 26))
+    rows, offsets = loader(np.array([4, 9]))  # block 4's halo is block 5's head
+    assert reader.ranges[1:] == [(16, 20), (36, 42)]
+    assert rows[:, 0].tolist() == [*range(16, 22), *range(36, 42)]
+    assert offsets.tolist() == [0, 6]
+    rows, _ = loader(np.array([3]))  # block 4 was read above: its head is reused
+    assert reader.ranges[3:] == [(12, 16)] and rows[:, 0].tolist() == list(range(12, 18))
