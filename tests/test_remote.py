@@ -205,6 +205,12 @@ def test_an_interrupted_upload_leaves_no_store_and_resumes(
         wk.open_store(url)
     assert fsspec.filesystem("s3").exists(f"{url.removeprefix('s3://')}/{_remote.INCOMPLETE}")
     monkeypatch.setattr(_remote, "commit", commit)
+    notes = f"{url.removeprefix('s3://')}/notes.txt"  # a user's object, put there meanwhile
+    fsspec.filesystem("s3").pipe(notes, b"mine")
+    with pytest.raises(wk.StoreExistsError, match="'notes.txt' is not one of its files"):
+        wk.convert(series, url, format="parquet", window=8)
+    assert fsspec.filesystem("s3").cat(notes) == b"mine"
+    fsspec.filesystem("s3").rm_file(notes)
     store = wk.convert(series, url, format="parquet", window=8)  # the same command again
     np.testing.assert_array_equal(store.windows("train", np.arange(393)),
                                   oracle_windows(series, wk.WindowSpec(8))[0])

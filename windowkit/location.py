@@ -126,6 +126,19 @@ def open_parquet(path: AnyPath, **options: Any) -> pq.ParquetFile:
         return pq.ParquetFile(url.path, filesystem=url.fs, pre_buffer=True, **options)
 
 
+def list_objects(prefix: AnyPath) -> dict[str, int]:
+    """Every object under the URL path ``prefix``, relative to it, with its size
+    (none when nothing is there)."""
+    url = as_url_path(prefix)
+    root = url.path.rstrip("/") + "/"
+    with remote_errors(prefix):
+        try:
+            found = url.fs.find(root, detail=True)
+        except FileNotFoundError:
+            return {}
+    return {name[len(root):]: int(info.get("size") or 0) for name, info in found.items()}
+
+
 def read_ranges(paths: Sequence[AnyPath], starts: Sequence[int],
                 stops: Sequence[int]) -> list[bytes]:
     """Byte ranges ``[starts[i], stops[i])`` of files ``paths[i]`` (one

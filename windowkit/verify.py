@@ -17,7 +17,7 @@ from windowkit._progress import progress_bar
 from windowkit.conversion import walk_files
 from windowkit.errors import WindowkitError
 from windowkit.formats import get_format
-from windowkit.location import as_url_path, is_remote, remote_errors, resolve
+from windowkit.location import is_remote, list_objects, resolve
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
 
 
@@ -26,10 +26,7 @@ def _walk(root: Path) -> list[tuple[str, bool]]:
     storage has none)."""
     if not is_remote(root):
         return list(walk_files(root))
-    url = as_url_path(root)
-    prefix = url.path.rstrip("/") + "/"
-    with remote_errors(root):
-        return [(name[len(prefix):], False) for name in url.fs.find(prefix)]
+    return [(name, False) for name in sorted(list_objects(root))]
 
 
 def verify_store(path: str | os.PathLike[str], *, progress: bool = False,

@@ -1,11 +1,12 @@
 """Shard tasks on a Dask cluster (``convert --dask ADDRESS``).
 
 Each shard is one task: a worker reads the shard's source rows and writes its
-data files straight into the workspace (a file system the workers share with
-the client: a local cluster, or a shared mount). Tasks are idempotent (a
-shard's files are rewritten whole, with the same bytes), so Dask may retry
-them. The client records each shard as its task finishes and writes the
-tables and the manifest after the last one.
+data files straight to the target: uploaded into the workspace prefix for a
+URL target, or into the workspace directory for a path (a file system the
+workers share with the client). Tasks are idempotent (a shard's files are
+rewritten whole, with the same bytes), so Dask may retry them. The client
+records each shard as its task finishes and writes the tables and the
+manifest after the last one.
 """
 
 from __future__ import annotations

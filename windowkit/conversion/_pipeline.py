@@ -27,7 +27,6 @@ from windowkit.conversion._remote import (
     local_mirror,
     remote_lock,
     upload_store,
-    uploaded_sizes,
     workspace_prefix,
 )
 from windowkit.conversion._shards import ShardResult, source_digest, write_shards
@@ -35,7 +34,7 @@ from windowkit.conversion._workspace import Workspace, check_target
 from windowkit.conversion.options import DEFAULT_SHARD_BYTES, ConvertOptions
 from windowkit.errors import DiskSpaceError, InvalidSpecError, StoreExistsError, WindowkitError
 from windowkit.formats import get_format
-from windowkit.location import AnyPath, is_remote, resolve
+from windowkit.location import AnyPath, is_remote, list_objects, resolve
 from windowkit.manifest import Manifest
 from windowkit.sources import (
     DEFAULT_SORT_MEMORY,
@@ -244,7 +243,7 @@ def _resume_or_start(workspace: Workspace, plan: StorePlan,
     markers = workspace.finished_shards(plan.key)
     tasks = plan.tasks
     if markers and upload_to is not None:
-        uploaded = uploaded_sizes(upload_to)
+        uploaded = list_objects(upload_to)
         markers = {n: m for n, m in markers.items()
                    if all(uploaded.get(f["path"]) == f["bytes"] for f in m["files"])}
     if markers is not None:

@@ -30,8 +30,9 @@ from typing import Any
 
 import psutil
 
+from windowkit.conversion._workspace import manifest_files
 from windowkit.errors import StoreError, StoreExistsError
-from windowkit.location import AnyPath, as_url_path, remote_errors, resolve
+from windowkit.location import AnyPath, as_url_path, list_objects, remote_errors, resolve
 from windowkit.manifest import MANIFEST_NAME
 
 log = logging.getLogger("windowkit")
@@ -56,18 +57,6 @@ def upload_files(local_root: Path, relative: list[str], prefix: AnyPath) -> None
                    [f"{url.path.rstrip('/')}/{name}" for name in relative])
 
 
-def uploaded_sizes(prefix: AnyPath) -> dict[str, int]:
-    """The objects under ``prefix`` and their sizes (what workers uploaded)."""
-    url = as_url_path(prefix)
-    root = url.path.rstrip("/") + "/"
-    with remote_errors(prefix):
-        try:
-            found = url.fs.find(root, detail=True)
-        except FileNotFoundError:
-            return {}
-    return {name[len(root):]: int(info.get("size") or 0) for name, info in found.items()}
-
-
 def local_mirror(target: AnyPath) -> Path:
     """Where the store for ``target`` is written before it is uploaded (and where
     an interrupted conversion resumes): ``$WINDOWKIT_CACHE`` or
@@ -77,33 +66,37 @@ def local_mirror(target: AnyPath) -> Path:
     return base / "remote" / key / "store"
 
 
-def _listing(target: AnyPath) -> set[str]:
-    """Every object under the target prefix, relative to it."""
-    url = as_url_path(target)
-    prefix = url.path.rstrip("/") + "/"
+def _ours(target: AnyPath, present: set[str]) -> set[str] | None:
+    """The objects windowkit wrote under ``target``: those its manifest lists, or
+    during an interrupted publish those its incomplete marker lists."""
     with remote_errors(target):
-        try:
-            return {name[len(prefix):] for name in url.fs.find(prefix)}
-        except FileNotFoundError:
-            return set()
+        if INCOMPLETE in present:
+            try:
+                marked = json.loads((target / INCOMPLETE).read_bytes()).get("files")
+            except (ValueError, AttributeError):
+                return None
+            if not isinstance(marked, list) or not all(isinstance(m, str) for m in marked):
+                return None
+            return {*marked, INCOMPLETE}
+        if MANIFEST_NAME in present:
+            return manifest_files((target / MANIFEST_NAME).read_bytes())
+    return None
 
 
 def check_remote_target(target: AnyPath, *, overwrite: bool) -> set[str]:
     """The objects a conversion to ``target`` may replace (a windowkit store's, or
-    an interrupted upload's); refuse anything else, as for a local target."""
-    present = _listing(target)
-    if not present or INCOMPLETE in present:
+    an interrupted publish's); refuse anything else, as for a local target."""
+    present = set(list_objects(target))
+    if not present:
         return present
-    if MANIFEST_NAME not in present:
-        example = sorted(present)[0]
-        raise StoreExistsError(f"{target}: holds {example!r} and no windowkit manifest; a "
-                               "conversion writes only to an empty prefix or over a "
-                               "windowkit store (--overwrite); nothing was changed")
-    if not overwrite:
+    ours = _ours(target, present)
+    if ours is None:
+        raise StoreExistsError(f"{target}: holds {sorted(present)[0]!r} and no windowkit "
+                               "manifest; a conversion writes only to an empty prefix or "
+                               "over a windowkit store (--overwrite); nothing was changed")
+    if INCOMPLETE not in present and not overwrite:
         raise StoreExistsError(f"{target}: a store exists; pass --overwrite to replace it")
-    listed = json.loads((target / MANIFEST_NAME).read_bytes()).get("files", [])
-    known = {entry.get("path") for entry in listed if isinstance(entry, dict)}
-    foreign = sorted(present - known - {MANIFEST_NAME})
+    foreign = sorted(present - ours)
     if foreign:
         raise StoreExistsError(f"{target}: --overwrite replaces only a windowkit store, and "
                                f"{foreign[0]!r} is not one of its files; nothing was changed")
@@ -162,21 +155,23 @@ def upload_store(local: Path, target: AnyPath, *, replaced: set[str]) -> None:
     manifest = json.loads((local / MANIFEST_NAME).read_bytes())
     files = [entry["path"] for entry in manifest["files"]]
     local_files = [name for name in files if (local / name).is_file()]
-    uploaded = uploaded_sizes(workspace_prefix(target))
+    uploaded = list_objects(workspace_prefix(target))
     sizes = {entry["path"]: entry["bytes"] for entry in manifest["files"]}
     shard_files = [name for name in files if name not in local_files]
     lost = [name for name in shard_files if uploaded.get(name) != sizes[name]]
     if lost:
         raise StoreError(f"{target}: the uploaded shard file {lost[0]!r} is missing or "
                          f"changed in {url.protocol}://{workspace}; run the conversion again")
+    # what this publish writes or replaces: a rerun may replace exactly that
+    marker = {"store_id": manifest["store_id"],
+              "files": sorted({*files, *replaced, MANIFEST_NAME} - {INCOMPLETE})}
     with remote_errors(target):
-        url.fs.pipe_file(f"{prefix}/{INCOMPLETE}", manifest["store_id"].encode())
+        url.fs.pipe_file(f"{prefix}/{INCOMPLETE}", json.dumps(marker).encode())
         if MANIFEST_NAME in replaced:  # the old store stops opening before it changes
             url.fs.rm_file(f"{prefix}/{MANIFEST_NAME}")
         url.fs.copy([f"{workspace}/{name}" for name in shard_files],
                     [f"{prefix}/{name}" for name in shard_files])
-        url.fs.put([str(local / name) for name in local_files],
-                   [f"{prefix}/{name}" for name in local_files])
+        upload_files(local, local_files, target)
         commit(url.fs, local / MANIFEST_NAME, f"{prefix}/{MANIFEST_NAME}")
         stale = sorted(replaced - set(files) - {MANIFEST_NAME, INCOMPLETE})
         if stale:

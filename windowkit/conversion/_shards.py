@@ -229,14 +229,24 @@ def _init_worker(sources: list[Series]) -> None:
     _worker_sources = sources
 
 
-def _write_shard_in_worker(series: SeriesLayout, format_name: str, data_dir: Path,
-                           layout: DataLayout, shard: ShardTask, skip_missing: bool,
-                           upload_to: AnyPath | None) -> ShardResult:
-    if upload_to is not None:
-        return write_shard_and_upload(_worker_sources, series, format_name, layout, shard,
-                                      skip_missing, upload_to)
-    return write_shard(_worker_sources, series, format_name, data_dir, layout, shard,
-                       skip_missing=skip_missing)
+def _write_shard_to(sources: list[Series], series: SeriesLayout, format_name: str,
+                    data_dir: Path, layout: DataLayout, shard: ShardTask, skip_missing: bool,
+                    upload_to: AnyPath | None,
+                    on_rows: Callable[[int], None] | None = None) -> ShardResult:
+    """A shard written into ``data_dir``, or with ``upload_to`` where it runs and
+    uploaded there."""
+    if upload_to is None:
+        return write_shard(sources, series, format_name, data_dir, layout, shard, on_rows,
+                           skip_missing)
+    result = write_shard_and_upload(sources, series, format_name, layout, shard,
+                                    skip_missing, upload_to)
+    if on_rows is not None:
+        on_rows(result.rows)
+    return result
+
+
+def _write_shard_in_worker(*args: Any) -> ShardResult:
+    return _write_shard_to(_worker_sources, *args)
 
 
 def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout: DataLayout,
@@ -272,24 +282,14 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
             record(number, result)
 
         with dask_client(dask) as client:
-            if upload_to is None:
-                run_on_dask(client, write_shard, [
-                    (shard.number, (sources, series, format_name, data_dir, layout, shard, None,
-                                    skip_missing)) for shard in todo], done)
-            else:
-                run_on_dask(client, write_shard_and_upload, [
-                    (shard.number, (sources, series, format_name, layout, shard, skip_missing,
-                                    upload_to)) for shard in todo], done)
-    elif (workers <= 1 or len(todo) <= 1) and upload_to is not None:
-        for shard in todo:
-            result = write_shard_and_upload(sources, series, format_name, layout, shard,
-                                            skip_missing, upload_to)
-            on_rows(result.rows)
-            record(shard.number, result)
+            run_on_dask(client, _write_shard_to, [
+                (shard.number, (sources, series, format_name, data_dir, layout, shard,
+                                skip_missing, upload_to)) for shard in todo], done)
     elif workers <= 1 or len(todo) <= 1:
         for shard in todo:
-            record(shard.number, write_shard(sources, series, format_name, data_dir, layout,
-                                             shard, on_rows, skip_missing))
+            record(shard.number, _write_shard_to(sources, series, format_name, data_dir,
+                                                 layout, shard, skip_missing, upload_to,
+                                                 on_rows))
     else:
         # spawn, not fork: the caller may have started TensorFlow's threads
         context = multiprocessing.get_context("spawn")

@@ -104,11 +104,20 @@ def store_files(directory: Path) -> set[str] | None:
     try:
         if not stat.S_ISREG(os.lstat(manifest).st_mode):
             return None
-        data = json.loads(manifest.read_bytes())
+        return manifest_files(manifest.read_bytes())
+    except OSError:
+        return None
+
+
+def manifest_files(raw: bytes) -> set[str] | None:
+    """The files a manifest's bytes name (itself included); None when they are
+    not a windowkit manifest that names its files."""
+    try:
+        data = json.loads(raw)
         paths = {check_store_path(entry["path"]) for entry in data["files"]}
         if not isinstance(data["format_version"], int):
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     return {*paths, MANIFEST_NAME}
 

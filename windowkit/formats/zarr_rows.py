@@ -20,7 +20,7 @@ from windowkit.formats.base import (
     ReadSeries,
     ShardTask,
 )
-from windowkit.location import as_url_path, is_remote, remote_errors
+from windowkit.location import as_url_path, is_remote, list_objects, remote_errors
 from windowkit.spec import WindowSpec
 
 COMPRESSIONS = ("zstd", "gzip", "none")
@@ -133,10 +133,7 @@ class ZarrRowReader:
         if not is_remote(self._data_dir):
             return (self._data_dir / key).is_file()
         if self._chunk_keys is None:  # one listing, not a request per chunk
-            with remote_errors(self._data_dir):
-                url = as_url_path(self._data_dir)
-                fs, prefix = url.fs, url.path.rstrip("/") + "/"
-                self._chunk_keys = {name[len(prefix):] for name in fs.find(prefix)}
+            self._chunk_keys = set(list_objects(self._data_dir))
         return key in self._chunk_keys
 
     def _check_chunks(self, start: int, stop: int) -> None:
