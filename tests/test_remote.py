@@ -207,7 +207,7 @@ def test_an_interrupted_upload_leaves_no_store_and_resumes(
     monkeypatch.setattr(_remote, "commit", commit)
     notes = f"{url.removeprefix('s3://')}/notes.txt"  # a user's object, put there meanwhile
     fsspec.filesystem("s3").pipe(notes, b"mine")
-    with pytest.raises(wk.StoreExistsError, match="'notes.txt' is not one of its files"):
+    with pytest.raises(wk.StoreExistsError, match=r"'notes\.txt' is not one of its files"):
         wk.convert(series, url, format="parquet", window=8)
     assert fsspec.filesystem("s3").cat(notes) == b"mine"
     fsspec.filesystem("s3").rm_file(notes)
@@ -311,3 +311,67 @@ def test_bench_takes_a_url(tmp_path: Path, s3_bucket: str) -> None:
                                        "--batches", "5", "--warmup", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["run"]["windows_s"] > 0
+
+
+def test_a_replaced_remote_store_is_an_error(tmp_path: Path, fmt: str, s3_bucket: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader asks for the manifest's ETag at most every REMOTE_CHECK_SECONDS;
+    once it does, a store replaced meanwhile is an error, not other rows."""
+    from windowkit import manifest
+
+    series = _series([400, 300])
+    url = f"{s3_bucket}/replaced"
+    _upload(wk.convert(series, tmp_path / "a", format=fmt, window=8, block_rows=64).path, url)
+    store = wk.open_store(url)
+    reader = store.row_reader()
+    np.testing.assert_array_equal(reader.read_rows(0, 64), series[0][:64])
+    other = wk.convert(_series([400, 300], seed=1), tmp_path / "b", format=fmt, window=8,
+                       block_rows=64)
+    fsspec.filesystem("s3").rm(url.removeprefix("s3://"), recursive=True)
+    _upload(other.path, url)
+    monkeypatch.setattr(manifest, "REMOTE_CHECK_SECONDS", 0.0)
+    with pytest.raises(wk.StoreError, match="replaced while it was being read"):
+        reader.read_rows(64, 128)
+
+
+def test_remote_parquet_reads_a_files_footer_once(tmp_path: Path, s3_bucket: str,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A remote Parquet reader reads each file's footer once (its copies too), then
+    one ranged request per run of row groups; bytes that do not parse are one error."""
+    import copy
+    import logging
+
+    series = _series([600, 500])
+    url = f"{s3_bucket}/footers"
+    _upload(wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=50,
+                       shards=2).path, url)
+    store = wk.open_store(url)
+    caplog.set_level(logging.DEBUG, logger="s3fs")
+
+    def data_requests() -> list[str]:  # what s3fs asked of the data files
+        return [r.getMessage() for r in caplog.records
+                if "CALL:" in r.getMessage() and "/data/part-" in r.getMessage()]
+
+    expected = np.concatenate(series)
+    reader = store.row_reader()
+    np.testing.assert_array_equal(reader.read_rows(0, 1100), expected)
+    first_pass = len(data_requests())
+    twin = copy.copy(reader)
+    np.testing.assert_array_equal(twin.read_rows(120, 980), expected[120:980])
+    # the footers were learnt once: the copy asks only for the row groups it reads,
+    # rows 120..980 being one run of row groups in each of the two files
+    later = data_requests()[first_pass:]
+    assert len(later) == 2 and all("get_object" in r and "Range" in r for r in later), later
+    part = sorted(p for p in fsspec.filesystem("s3").find(url.removeprefix("s3://") + "/data"))
+    fs = fsspec.filesystem("s3")
+    blob = bytearray(fs.cat(part[1]))
+    import pyarrow.parquet as pq
+
+    first_values = pq.ParquetFile(tmp_path / "s" / "data" / "part-00001.parquet"
+                                  ).metadata.row_group(0).column(2).data_page_offset
+    blob[first_values + 40:first_values + 100] = bytes(60)  # a value page of row group 0
+    fs.pipe(part[1], bytes(blob))
+    entry = store.manifest.data["files"][1]
+    fresh = wk.open_store(url).row_reader()
+    with pytest.raises(wk.StoreError, match=r"part-00001\.parquet: cannot read row group"):
+        fresh.read_rows(entry["first_row"], entry["first_row"] + 10)

@@ -115,15 +115,41 @@ def describe_remote_error(exc: BaseException) -> str | None:
     return None
 
 
-def open_parquet(path: AnyPath, **options: Any) -> pq.ParquetFile:
-    """A :class:`pyarrow.parquet.ParquetFile`, local or remote (ranged reads)."""
+def open_parquet(path: AnyPath, *, known: dict[str, Any] | None = None,
+                 prefetch: tuple[int, int] | None = None, **options: Any) -> pq.ParquetFile:
+    """A :class:`pyarrow.parquet.ParquetFile`, local or remote.
+
+    ``known``, when given, is where the first open of a file keeps its footer
+    (and, remote, the object's details: size and ETag) for later opens of the
+    same file, which then ask for neither. Remote, a file reads exactly the
+    byte ranges pyarrow asks for (no read-ahead; ``pre_buffer`` coalesces a
+    row group's column chunks); with ``prefetch=(start, stop)`` (and a known
+    file) those bytes are fetched with one request and every read is served
+    from them: a read outside them is an error, never a silent request."""
     import pyarrow.parquet as pq
 
+    memo = known if known is not None else {}
     if not is_remote(path):
-        return pq.ParquetFile(path, **options)
+        handle = pq.ParquetFile(path, metadata=memo.get("footer"), **options)
+        memo["footer"] = handle.metadata
+        return handle
     url = as_url_path(path)
-    with remote_errors(path):  # pre_buffer: a row group's column chunks in one request
-        return pq.ParquetFile(url.path, filesystem=url.fs, pre_buffer=True, **options)
+    details = memo.get("details")
+    with remote_errors(path):
+        if prefetch is not None and details is not None:
+            start, stop = prefetch
+            held = url.fs.cat_file(url.path, start=start, end=stop)
+            source = url.fs.open(url.path, "rb", size=details["size"], cache_type="parts",
+                                 cache_options={"data": {(start, stop): held}, "strict": True})
+        else:
+            source = url.fs.open(url.path, "rb", cache_type="none",
+                                 **({"size": details["size"]} if details else {}))
+        if details:
+            source.details = details
+        handle = pq.ParquetFile(source, metadata=memo.get("footer"), pre_buffer=True, **options)
+        memo["details"] = source.details
+    memo["footer"] = handle.metadata
+    return handle
 
 
 def list_objects(prefix: AnyPath) -> dict[str, int]:

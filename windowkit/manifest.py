@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -333,33 +335,46 @@ def read_store_id(root: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
+REMOTE_CHECK_SECONDS = 1.0  # object storage: how often a reader asks for the manifest
+
+
 class StoreGuard:
     """Notices that the store at ``root`` was replaced while it is being read.
 
     Readers call :meth:`check` after opening (or reading) a data file. A
     replaced store is a new directory: when the root's identity changed, the
-    manifest's store id must still be the one the reader started with. Pickles
-    as path and id; a new process checks the id on first use.
+    manifest's store id must still be the one the reader started with. On
+    object storage the identity is the manifest object's ETag, and asking for
+    it is a request: it is asked at most every ``REMOTE_CHECK_SECONDS`` (a
+    remote store is replaced object by object anyway, the manifest last).
+    Pickles as path and id; a new process checks the id on first use.
     """
 
     def __init__(self, root: Path, store_id: str) -> None:
         self.root = root
         self.store_id = store_id
         self._identity: tuple[Any, ...] | None = None
+        self._asked_at = -math.inf  # when the remote identity was last asked
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_identity": None}
+        return {**self.__dict__, "_identity": None, "_asked_at": -math.inf}
 
     def check(self) -> None:
-        identity = self._remote_identity() if is_remote(self.root) else self._local_identity()
+        if is_remote(self.root):
+            now = time.monotonic()
+            if self._identity is not None and now - self._asked_at < REMOTE_CHECK_SECONDS:
+                return
+            identity, self._asked_at = self._remote_identity(), now
+        else:
+            identity = self._local_identity()
         if identity is not None and identity == self._identity:
             return
         current = read_store_id(self.root)
         if current != self.store_id:
-            now = f"store id {current[:12]}" if current else "no store"
+            now_is = f"store id {current[:12]}" if current else "no store"
             raise StoreReplacedError(
                 f"{self.root}: the store was replaced while it was being read (opened as "
-                f"store id {self.store_id[:12]}, now {now}); open it again")
+                f"store id {self.store_id[:12]}, now {now_is}); open it again")
         self._identity = identity
 
     def _local_identity(self) -> tuple[Any, ...] | None:

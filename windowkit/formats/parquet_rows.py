@@ -38,7 +38,6 @@ from windowkit.location import is_remote, open_parquet
 from windowkit.spec import WindowSpec
 
 OPEN_FILES = 2  # part files a reader keeps open
-REMOTE_OPEN_FILES = 64  # on object storage an open costs requests: keep more open
 COMPRESSIONS = ("zstd", "gzip", "none")
 _ROW_OVERHEAD = 12  # the series (int32) and row (int64) columns of a row
 _GROUP_OVERHEAD = 2048  # footer metadata of one row group (and its page headers)
@@ -101,6 +100,17 @@ class _TableBuilder:
         return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
+def _group_bytes(meta: pq.FileMetaData, first: int, last: int) -> tuple[int, int]:
+    """The bytes ``[start, stop)`` of row groups ``first..last``: their column
+    chunks, which a writer puts one after another."""
+    chunks = [meta.row_group(g).column(c) for g in (first, last)
+              for c in range(meta.num_columns)]
+    starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+              for c in chunks]
+    return min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks,
+                                                                       strict=True))
+
+
 class ParquetRowReader:
     """Reads global row ranges from the row groups that hold them."""
 
@@ -117,32 +127,43 @@ class ParquetRowReader:
         # an open file holds decoder buffers: keep a few open, and every file's layout
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._group_starts: dict[int, np.ndarray] = {}
+        self._known: dict[int, dict[str, Any]] = {}  # what opening each file found out
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_handles": OrderedDict()}
+        return {**self.__dict__, "_handles": OrderedDict(), "_known": {}}
+
+    def __copy__(self) -> ParquetRowReader:
+        """A reader of its own open files that shares what this one learnt of
+        every file (its footer and layout): a copy opens a file without a request."""
+        twin = object.__new__(ParquetRowReader)
+        twin.__dict__.update(self.__dict__, _handles=OrderedDict())
+        return twin
 
     def _file(self, i: int) -> tuple[pq.ParquetFile, np.ndarray]:
         """An open part file and the global first row of each of its row groups."""
         if i in self._handles:
             self._handles.move_to_end(i)
             return self._handles[i], self._group_starts[i]
-        path = self._root / self._files[i]["path"]
+        entry = self._files[i]
+        path = self._root / entry["path"]
+        first_open = i not in self._known
+        known = self._known.get(i, {})
         try:
-            handle = open_parquet(path, page_checksum_verification=True)
+            handle = open_parquet(path, known=known, page_checksum_verification=True)
         except (OSError, pa.ArrowInvalid) as exc:
             raise StoreError(f"{path}: cannot open Parquet file ({exc})") from exc
         self._setup.check_store()  # after the open: the handle reads this store's file
-        self._check_schema(path, handle.schema_arrow)
-        if i not in self._group_starts:
+        if first_open:  # what the file holds: checked once
+            self._check_schema(path, handle.schema_arrow)
             meta = handle.metadata
             sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-            if sum(sizes) != self._files[i]["rows"]:
+            if sum(sizes) != entry["rows"]:
                 raise StoreError(f"{path}: holds {sum(sizes)} rows, manifest says "
-                                 f"{self._files[i]['rows']}")
-            self._group_starts[i] = self._files[i]["first_row"] + np.concatenate(
-                [[0], np.cumsum(sizes)])
+                                 f"{entry['rows']}")
+            self._group_starts[i] = entry["first_row"] + np.concatenate([[0], np.cumsum(sizes)])
+            self._known[i] = known
         self._handles[i] = handle
-        while len(self._handles) > (REMOTE_OPEN_FILES if is_remote(self._root) else OPEN_FILES):
+        while len(self._handles) > OPEN_FILES:
             self._handles.popitem(last=False)
         return handle, self._group_starts[i]
 
@@ -164,13 +185,18 @@ class ParquetRowReader:
 
     def _read_groups(self, i: int, first: int, last: int) -> np.ndarray:
         """The rows of row groups ``first..last`` of part file ``i``, read with one
-        call (on object storage, their column chunks in one go)."""
+        call (on object storage, with one request for their bytes)."""
         handle, starts = self._file(i)
         path = self._root / self._files[i]["path"]
         which = f"row group {first}" if first == last else f"row groups {first}..{last}"
         try:
+            if is_remote(self._root):  # the groups' bytes (consecutive in the file) at once
+                handle = open_parquet(path, known=self._known[i],
+                                      prefetch=_group_bytes(handle.metadata, first, last),
+                                      page_checksum_verification=True)
+                self._setup.check_store()  # after the read: the bytes were this store's
             table = handle.read_row_groups(list(range(first, last + 1)), columns=self._columns)
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, ValueError, pa.ArrowInvalid) as exc:
             raise StoreError(f"{path}: cannot read {which} ({exc})") from exc
         if len(table) != starts[last + 1] - starts[first]:
             raise StoreError(f"{path}: {which} hold {len(table)} rows, the metadata says "

@@ -50,7 +50,7 @@ from windowkit.formats.tfrecord_io import (
     frame_record,
     unframe_record,
 )
-from windowkit.location import is_remote, open_parquet, read_ranges
+from windowkit.location import open_parquet, read_ranges
 from windowkit.spec import WindowSpec
 
 if TYPE_CHECKING:
@@ -239,10 +239,9 @@ class TFRecordRowReader:
         self._gzip = data.get("compression") == "gzip"
         self._tag = store_tag(setup.store_id)
         self.block_rows = setup.block_rows
-        self._checked: set[int] = set()  # shards whose store was checked after a read
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {**self.__dict__, "_checked": set()}
+        state = dict(self.__dict__)
         state.pop("records", None)  # a cached_property: reloaded where it is used
         return state
 
@@ -287,12 +286,7 @@ class TFRecordRowReader:
             blobs = read_ranges(paths, starts, stops)
         except OSError as exc:
             raise StoreError(f"{paths[0]}: cannot read shard ({exc})") from exc
-        # after the read: the bytes read were this store's (on object storage, a
-        # request: once per shard; every record also carries the store's tag)
-        shards = {int(shard[run[0]]) for run in runs}
-        if not is_remote(self._root) or not shards <= self._checked:
-            self._setup.check_store()
-            self._checked |= shards
+        self._setup.check_store()  # after the read: the bytes read were this store's
         stored: dict[int, bytes] = {}
         for run, blob, start in zip(runs, blobs, starts, strict=True):
             for record in run:

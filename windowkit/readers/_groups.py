@@ -14,7 +14,7 @@ lookup in the graph. :mod:`windowkit.readers.tf` then cuts the windows.
 
 from __future__ import annotations
 
-import pickle
+import copy
 import queue
 import threading
 from collections import OrderedDict
@@ -84,7 +84,8 @@ class GroupLoader:
 
     A reader keeps open files, so it reads one range at a time; with
     ``readers > 1`` (object storage: latency, not bandwidth, bounds a read)
-    that many copies of it read a group's ranges, and concurrent groups,
+    that many copies of it (``copy.copy``: a format may share what its
+    readers learnt of the files) read a group's ranges, and concurrent groups,
     at once.
 
     A block's halo is the first ``halo`` rows of the next block, and reading
@@ -98,9 +99,10 @@ class GroupLoader:
         self.total_rows = total_rows
         self.halo = halo
         self._idle: queue.SimpleQueue[RowReader] = queue.SimpleQueue()
-        for copy in [reader] + [pickle.loads(pickle.dumps(reader)) for _ in range(readers - 1)]:
-            self._idle.put(copy)
+        for twin in [reader] + [copy.copy(reader) for _ in range(readers - 1)]:
+            self._idle.put(twin)
         self._pool = ThreadPoolExecutor(readers, "windowkit-group") if readers > 1 else None
+        self._fetches_together = hasattr(reader, "read_many")
         self._heads: OrderedDict[int, np.ndarray] = OrderedDict()  # block -> its first rows
         self._head_bytes = 0
         self._heads_lock = threading.Lock()
@@ -136,7 +138,9 @@ class GroupLoader:
             self._idle.put(reader)
 
     def _read_all(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
-        if self._pool is None or len(ranges) == 1:
+        """Every range: with one call when the reader fetches ranges together
+        (``read_many``), else spread over the reader copies."""
+        if self._pool is None or len(ranges) == 1 or self._fetches_together:
             return self._read(ranges)
         return [part for parts in self._pool.map(self._read, [[r] for r in ranges])
                 for part in parts]
