@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
     from upath import UPath
 
+REMOTE_MAX_GAP = 1 << 20  # ranges closer than this: one request (a request costs more)
+
 AnyPath = Path  # a local Path, or a UPath (which has the same API) for a URL
 
 
@@ -168,8 +170,9 @@ def list_objects(prefix: AnyPath) -> dict[str, int]:
 def read_ranges(paths: Sequence[AnyPath], starts: Sequence[int],
                 stops: Sequence[int]) -> list[bytes]:
     """Byte ranges ``[starts[i], stops[i])`` of files ``paths[i]`` (one
-    filesystem): fetched concurrently from object storage (one request each),
-    read in turn from local files."""
+    filesystem): fetched concurrently from object storage, ranges of one object
+    less than ``REMOTE_MAX_GAP`` apart with one request; read in turn from
+    local files."""
     if not paths:
         return []
     if not is_remote(paths[0]):
@@ -183,7 +186,19 @@ def read_ranges(paths: Sequence[AnyPath], starts: Sequence[int],
             for handle in handles.values():
                 handle.close()
         return out
+    from fsspec.utils import merge_offset_ranges
+
     fs = as_url_path(paths[0]).fs
+    keys = [as_url_path(p).path for p in paths]
+    merged_keys, merged_starts, merged_stops = merge_offset_ranges(
+        keys, list(starts), list(stops), max_gap=REMOTE_MAX_GAP, sort=True)
     with remote_errors(paths[0]):
-        return list(fs.cat_ranges([as_url_path(p).path for p in paths], list(starts),
-                                  list(stops)))
+        blobs = fs.cat_ranges(merged_keys, merged_starts, merged_stops, on_error="raise")
+    spans: dict[str, list[tuple[int, bytes]]] = {}
+    for key, start, blob in zip(merged_keys, merged_starts, blobs, strict=True):
+        spans.setdefault(key, []).append((start, blob))
+    out = []
+    for key, start, stop in zip(keys, starts, stops, strict=True):
+        first, blob = next((a, b) for a, b in reversed(spans[key]) if a <= start)
+        out.append(bytes(blob[start - first:stop - first]))
+    return out
