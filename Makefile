@@ -43,6 +43,7 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark throughput
+	$(BIN)/python -m tests.benchmarks.benchmark shuffling
 
 bench-memory: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark memory

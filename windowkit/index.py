@@ -190,6 +190,28 @@ class WindowRuns:
         within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
         return run_start + within * self.stride
 
+    def select_rows(self, low: np.ndarray, high: np.ndarray) -> WindowRuns:
+        """The windows whose global start lies in one of the row ranges
+        ``[low[i], high[i])`` (ascending, disjoint), as runs in index order."""
+        low = np.asarray(low, dtype=np.int64)
+        high = np.asarray(high, dtype=np.int64)
+        lo = np.searchsorted(self.global_last, low, side="left")
+        hi = np.searchsorted(self.global_first, high, side="left")
+        per_range = np.maximum(hi - lo, 0)
+        total = int(per_range.sum())
+        which = np.repeat(np.arange(len(low)), per_range)
+        run = np.repeat(lo, per_range) + (
+            np.arange(total) - np.repeat(np.cumsum(per_range) - per_range, per_range))
+        first, count = self.global_first[run], self.count[run]
+        k_lo = np.clip(-((first - low[which]) // self.stride), 0, count)
+        k_hi = np.clip(-((first - high[which]) // self.stride), 0, count)
+        keep = k_hi > k_lo
+        run = run[keep]
+        return WindowRuns(series=self.series[run],
+                          first=(self.first[run] + k_lo[keep] * self.stride).astype(np.int64),
+                          count=(k_hi - k_lo)[keep].astype(np.int64), stride=self.stride,
+                          row_offset=self.row_offset)
+
     def runs_per_block(self, block_first: np.ndarray, block_rows: np.ndarray
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The windows whose start lies in each block of rows, as runs.

@@ -16,7 +16,14 @@ from windowkit.formats import RowReader
 from windowkit.index import WindowRuns, iter_index
 from windowkit.location import open_parquet, resolve
 from windowkit.manifest import Manifest, StoreGuard
-from windowkit.readers import DEFAULT_CACHE_BYTES, ReadPlan, StoreRows, WindowGather
+from windowkit.readers import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_MEMORY_BUDGET,
+    ReadPlan,
+    StoreRows,
+    WindowGather,
+    check_shuffle,
+)
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -203,40 +210,73 @@ class Store:
             y = self.rows.target_normalizer()(y) if y is not None else None
         return x if y is None else (x, y)
 
-    def tf_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,
-                   seed: int = 0, drop_remainder: bool = False, normalize: bool = False,
-                   shuffle_blocks: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+    def _shard_plan(self, split: str, num_shards: int | None, shard_index: int | None
+                    ) -> ReadPlan:
+        plan = self.read_plan(split)
+        if num_shards is None and shard_index is None:
+            return plan
+        if num_shards is None or shard_index is None:
+            raise InvalidSpecError("num_shards and shard_index go together")
+        return plan.sharded(num_shards, shard_index)
+
+    def tf_dataset(self, split: str = "train", batch_size: int = 256, *,
+                   shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
+                   normalize: bool = False, shuffle_blocks: int | None = None,
+                   cache_bytes: int = DEFAULT_CACHE_BYTES,
+                   memory_budget: int = DEFAULT_MEMORY_BUDGET, num_shards: int | None = None,
+                   shard_index: int | None = None, input_context: Any = None,
                    device: str | None = None) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of batches of windows: ``x``, or ``(x, y)`` with a horizon.
 
-        Every window of the split comes once per epoch; shuffled, each epoch
-        has a new order drawn from ``seed``. ``shuffle_blocks`` storage blocks'
-        windows are permuted together (default: what ``cache_bytes`` holds).
+        Every window of the split comes once per epoch; each iteration of the
+        dataset is a new epoch, the sequence of epochs fixed by ``seed``.
+        ``shuffle``: ``True`` permutes the blocks, and the windows of
+        ``shuffle_blocks`` blocks together (default: what ``cache_bytes``
+        holds), in bounded memory; ``"global"`` makes each epoch a uniform
+        permutation of the split's windows, cut from its rows held in memory
+        (at most ``memory_budget`` bytes); ``False`` keeps index order.
+        ``num_shards``/``shard_index`` read one shard of the split (disjoint
+        runs of storage blocks); ``input_context`` (a ``tf.distribute.InputContext``)
+        picks the shard and turns the global ``batch_size`` into the replica's.
         ``device`` (e.g. ``"/GPU:0"``) prefetches batches into that device's
-        memory. Each format decides how its blocks are read (TFRecord in the
-        graph, Zarr and Parquet through their row readers); windows are cut in
-        the graph (:mod:`windowkit.readers.tf`).
+        memory. An iterator saves and restores with ``tf.train.Checkpoint``.
         """
         check_int("batch_size", batch_size, 1)
+        mode = check_shuffle(shuffle)
+        check_int("memory_budget", memory_budget, 1)
         if shuffle_blocks is not None:
             check_int("shuffle_blocks", shuffle_blocks, 1)
+        if input_context is not None:
+            if num_shards is not None or shard_index is not None:
+                raise InvalidSpecError("pass input_context or num_shards/shard_index, not both")
+            num_shards = int(input_context.num_input_pipelines)
+            shard_index = int(input_context.input_pipeline_id)
+            batch_size = int(input_context.get_per_replica_batch_size(batch_size))
+        plan = self._shard_plan(split, num_shards, shard_index)
         from windowkit.readers.tf import tf_dataset
 
-        return tf_dataset(self.read_plan(split), batch_size=batch_size, shuffle=shuffle,
-                          seed=seed, drop_remainder=drop_remainder, normalize=normalize,
+        return tf_dataset(plan, batch_size=batch_size, shuffle=mode, seed=seed,
+                          drop_remainder=drop_remainder, normalize=normalize,
                           shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes,
-                          device=device)
+                          memory_budget=memory_budget, device=device)
 
-    def keras_dataset(self, split: str = "train", batch_size: int = 256, *, shuffle: bool = True,
-                      seed: int = 0, drop_remainder: bool = False, normalize: bool = False,
-                      workers: int = 1, use_multiprocessing: bool = False,
-                      max_queue_size: int = 10,
-                      cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowPyDataset:
+    def keras_dataset(self, split: str = "train", batch_size: int = 256, *,
+                      shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
+                      normalize: bool = False, workers: int = 1,
+                      use_multiprocessing: bool = False, max_queue_size: int = 10,
+                      cache_bytes: int = DEFAULT_CACHE_BYTES,
+                      memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                      num_shards: int | None = None, shard_index: int | None = None
+                      ) -> WindowPyDataset:
         """A ``keras.utils.PyDataset`` of batches of windows, a
-        :class:`windowkit.readers.keras.WindowPyDataset` (see that module)."""
+        :class:`windowkit.readers.keras.WindowPyDataset` (see that module);
+        ``shuffle``, ``memory_budget`` and the shard arguments as for
+        :meth:`tf_dataset`."""
         from windowkit.readers.keras import WindowPyDataset
 
-        return WindowPyDataset(self.read_plan(split), batch_size, shuffle=shuffle, seed=seed,
+        return WindowPyDataset(self._shard_plan(split, num_shards, shard_index), batch_size,
+                               shuffle=check_shuffle(shuffle), seed=seed,
                                drop_remainder=drop_remainder, normalize=normalize,
                                workers=workers, use_multiprocessing=use_multiprocessing,
-                               max_queue_size=max_queue_size, cache_bytes=cache_bytes)
+                               max_queue_size=max_queue_size, cache_bytes=cache_bytes,
+                               memory_budget=memory_budget)

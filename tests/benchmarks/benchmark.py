@@ -71,11 +71,12 @@ def child_convert(source: str, out: str, fmt: str, workers: str = "1") -> dict[s
             "imported_tensorflow": "tensorflow" in sys.modules}
 
 
-def child_windowkit(store_path: str, batches: str) -> dict[str, Any]:
+def child_windowkit(store_path: str, batches: str, shuffle: str = "blocks") -> dict[str, Any]:
     import windowkit as wk
 
     store = wk.open_store(store_path)
-    ds = store.tf_dataset("train", BATCH, shuffle=True, seed=0)
+    ds = store.tf_dataset("train", BATCH, shuffle=True if shuffle == "blocks" else shuffle,
+                          seed=0)
     windows, seconds = _time_batches(ds, None if batches == "epoch" else int(batches))
     return {"windows_s": windows / seconds, "windows": windows, "seconds": seconds,
             "peak_rss_mb": peak_rss_mb()}
@@ -125,6 +126,47 @@ def child_materialized(source_dir: str, batches: str) -> dict[str, Any]:
             "peak_rss_mb": peak_rss_mb(), "materialized_bytes": windows.nbytes}
 
 
+def child_permuted(source_dir: str) -> dict[str, Any]:
+    """Every window materialized and permuted once, ``from_tensor_slices(...).batch(B)``:
+    the fastest a uniformly shuffled epoch can be fed from memory."""
+    import tensorflow as tf
+
+    windows = np.concatenate([
+        np.lib.stride_tricks.sliding_window_view(np.load(p), LENGTH, axis=0).transpose(0, 2, 1)
+        for p in sorted(Path(source_dir).glob("*.npy"))])
+    windows = windows[np.random.default_rng(0).permutation(len(windows))]
+    ds = tf.data.Dataset.from_tensor_slices(windows).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    count, seconds = _time_batches(ds, None)
+    return {"windows_s": count / seconds, "windows": count, "seconds": seconds,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def child_mixing(store_path: str, shuffle: str) -> dict[str, Any]:
+    """Distinct series and storage blocks per batch of one epoch, next to what a
+    uniform permutation of the same windows gives (the store's feature 0 holds
+    the series number, feature 1 the row)."""
+    import windowkit as wk
+
+    store = wk.open_store(store_path)
+    ds = store.tf_dataset("train", BATCH, shuffle=True if shuffle == "blocks" else shuffle,
+                          seed=0, drop_remainder=True)
+    offsets = store.series_table.column("row_offset").to_numpy().astype(np.int64)
+    block_rows = store.manifest.block_rows
+
+    def mixing(series: np.ndarray, rows: np.ndarray) -> tuple[float, float]:
+        blocks = (offsets[series] + rows) // block_rows
+        per = series.reshape(-1, BATCH), blocks.reshape(-1, BATCH)
+        return (float(np.mean([len(np.unique(b)) for b in per[0]])),
+                float(np.mean([len(np.unique(b)) for b in per[1]])))
+
+    firsts = np.concatenate([b.numpy()[:, 0, :2] for b in ds]).astype(np.int64)
+    got = mixing(firsts[:, 0], firsts[:, 1])
+    everything = firsts[np.random.default_rng(0).permutation(len(firsts))]
+    uniform = mixing(everything[:, 0], everything[:, 1])
+    return {"series": got[0], "blocks": got[1], "uniform_series": uniform[0],
+            "uniform_blocks": uniform[1]}
+
+
 def child_tf_import() -> dict[str, Any]:
     import tensorflow  # noqa: F401
 
@@ -147,6 +189,7 @@ def child_convert_csv(source: str, out: str, fmt: str) -> dict[str, Any]:
 CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "convert": child_convert, "convert_csv": child_convert_csv, "windowkit": child_windowkit,
     "keras": child_keras, "materialized": child_materialized, "tf_import": child_tf_import,
+    "permuted": child_permuted, "mixing": child_mixing,
 }
 
 
@@ -218,6 +261,52 @@ def throughput(rounds: int) -> None:
           f"{1:>9.2f}x{m['peak_rss_mb']:>8.0f} MB")
     print(f"tensorflow import alone: peak RSS {tf_base['peak_rss_mb']:.0f} MB; "
           f"materialized windows: {m['materialized_bytes'] / 2**20:.0f} MiB")
+
+
+def _make_tagged_data(source_dir: Path) -> None:
+    """The throughput data's shapes, feature 0 the series number, feature 1 the row."""
+    if source_dir.exists() and len(list(source_dir.glob("*.npy"))) == SERIES:
+        return
+    source_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(SERIES):
+        values = np.zeros((ROWS, FEATURES), dtype=np.float32)
+        values[:, 0], values[:, 1] = i, np.arange(ROWS)
+        np.save(source_dir / f"series_{i:02d}.npy", values)
+
+
+def shuffling(rounds: int) -> None:
+    """Global shuffle against every window materialized and permuted once, and how
+    well each mode mixes a batch, in one run."""
+    source_dir, tagged_dir = OUT / "throughput-src", OUT / "tagged-src"
+    _make_throughput_data(source_dir)
+    _make_tagged_data(tagged_dir)
+    formats = _formats()
+    for f in formats:
+        if not (OUT / f"throughput-{f}" / "windowkit.json").exists():
+            _run_child("convert", str(source_dir / "*.npy"), str(OUT / f"throughput-{f}"), f)
+        _run_child("convert", str(tagged_dir / "*.npy"), str(OUT / f"tagged-{f}"), f)
+    runs: dict[str, list[dict[str, Any]]] = {"permuted": []}
+    for _ in range(rounds):  # alternate, so every reader sees the same machine load
+        runs["permuted"].append(_run_child("permuted", str(source_dir)))
+        for f in formats:
+            for mode in ("global", "blocks"):
+                runs.setdefault(f"{f} {mode}", []).append(
+                    _run_child("windowkit", str(OUT / f"throughput-{f}"), "epoch", mode))
+    best = {k: max(v, key=lambda r: r["windows_s"]) for k, v in runs.items()}
+    base = best["permuted"]["windows_s"]
+    print(f"data: the throughput data, L={LENGTH}, batch {BATCH}, best of {rounds} epochs; "
+          f"baseline: every window materialized, permuted once, from_tensor_slices.batch")
+    print(f"{'tf_dataset':<22}{'windows/s':>11}{'vs permuted':>13}{'peak RSS':>11}"
+          f"{'series/batch':>14}{'blocks/batch':>14}")
+    for f in formats:
+        for mode in ("global", "blocks"):
+            r = best[f"{f} {mode}"]
+            mix = _run_child("mixing", str(OUT / f"tagged-{f}"), mode)
+            print(f"{f + ' ' + mode:<22}{r['windows_s']:>11,.0f}{r['windows_s'] / base:>12.2f}x"
+                  f"{r['peak_rss_mb']:>8.0f} MB{mix['series']:>8.1f} of {mix['uniform_series']:.1f}"
+                  f"{mix['blocks']:>8.1f} of {mix['uniform_blocks']:.1f}")
+    p = best["permuted"]
+    print(f"{'materialized, permuted':<22}{base:>11,.0f}{1:>12.2f}x{p['peak_rss_mb']:>8.0f} MB")
 
 
 def _memory_source(gib: float) -> tuple[Path, int]:
@@ -373,6 +462,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gib", type=float, default=2.0)
     p.add_argument("--interleaved-gib", type=float, default=0.25,
                    help="size of the interleaved CSV grouped in memory (0: skip)")
+    p = sub.add_parser("shuffling")
+    p.add_argument("--rounds", type=int, default=2)
     p = sub.add_parser("child")
     p.add_argument("name", choices=sorted(CHILDREN))
     p.add_argument("args", nargs="*")
@@ -381,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
         throughput(args.rounds)
     elif args.command == "memory":
         memory(args.gib)
+    elif args.command == "shuffling":
+        shuffling(args.rounds)
     elif args.command == "csv":
         csv(args.gib, args.interleaved_gib)
     else:

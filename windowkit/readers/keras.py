@@ -27,11 +27,14 @@ import numpy as np
 from windowkit.errors import check_int
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
+    DEFAULT_MEMORY_BUDGET,
     EpochOrder,
     WindowGather,
     WindowOrder,
+    check_shuffle,
     num_batches,
 )
+from windowkit.readers._global import check_memory_budget
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -60,19 +63,23 @@ class WindowPyDataset(keras.utils.PyDataset):
     """
 
     def __init__(self, plan: ReadPlan, batch_size: int = 256, *,
-                 shuffle: bool = True, seed: int = 0, drop_remainder: bool = False,
+                 shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
                  normalize: bool = False, workers: int = 1, use_multiprocessing: bool = False,
-                 max_queue_size: int = 10, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+                 max_queue_size: int = 10, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
         super().__init__(workers=check_int("workers", workers, 0),
                          use_multiprocessing=bool(use_multiprocessing),
                          max_queue_size=check_int("max_queue_size", max_queue_size, 1))
         self.plan = plan
         self.batch_size = check_int("batch_size", batch_size, 1)
-        self.shuffle = bool(shuffle)
+        self.shuffle = check_shuffle(shuffle)
         self.seed = check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
         self.normalize = bool(normalize)
         self.cache_bytes = check_int("cache_bytes", cache_bytes, 1)
+        if self.shuffle == "global":  # every block held: one group, a uniform permutation
+            needed = check_memory_budget(plan, check_int("memory_budget", memory_budget, 1))
+            self.cache_bytes = max(self.cache_bytes, needed)
         if normalize:
             plan.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
@@ -100,9 +107,10 @@ class WindowPyDataset(keras.utils.PyDataset):
                 plan = self.plan
                 gather = plan.window_gather(self.cache_bytes)
                 order = WindowOrder(
-                    plan.runs, shuffle=self.shuffle, seed=self.seed,
+                    plan.runs, shuffle=bool(self.shuffle), seed=self.seed,
                     block_rows=gather.pool.block_rows, total_rows=plan.total_rows,
-                    blocks_per_group=gather.blocks_per_group)
+                    blocks_per_group=((lambda n: max(1, n)) if self.shuffle == "global"
+                                      else gather.blocks_per_group))
                 norm = plan.normalizer() if self.normalize else None
                 target_norm = plan.target_normalizer() if norm else None
                 self._local = _Local(gather, order, norm, target_norm)

@@ -9,18 +9,19 @@ notices there if the store was replaced meanwhile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from windowkit.errors import StoreError
+from windowkit.errors import InvalidSpecError, StoreError, check_int
 from windowkit.formats import RowReader, StorageFormat, get_format
 from windowkit.formats.base import ReaderSetup
 from windowkit.index import WindowRuns
 from windowkit.manifest import StoreGuard
 from windowkit.readers._gather import DEFAULT_CACHE_BYTES, WindowGather
+from windowkit.readers._order import block_first_positions
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -78,11 +79,56 @@ class StoreRows:
 
 @dataclass(frozen=True)
 class ReadPlan(StoreRows):
-    """One split of a store, as its readers see it: the rows, and the split's windows."""
+    """One split of a store, as its readers see it: the rows, and the split's
+    windows (or, sharded, those of shard ``shard[0]`` of ``shard[1]``)."""
 
     split: str
     runs: WindowRuns
+    shard: tuple[int, int] = (0, 1)
 
     @property
     def num_windows(self) -> int:
         return self.runs.total
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.total_rows // self.block_rows)
+
+    def windows_per_block(self) -> np.ndarray:
+        """How many of the plan's windows start in each storage block."""
+        return np.diff(block_first_positions(self.runs, block_rows=self.block_rows,
+                                             num_blocks=self.num_blocks))
+
+    def rows_bytes(self) -> int:
+        """Bytes of the rows the plan's windows need: the blocks where they start,
+        each with its halo."""
+        blocks = int(np.count_nonzero(self.windows_per_block()))
+        return blocks * (self.block_rows + self.spec.span - 1) * self.row_bytes
+
+    def sharded(self, num_shards: int, shard_index: int) -> ReadPlan:
+        """Shard ``shard_index`` of ``num_shards``: the windows of its own storage
+        blocks (a contiguous run of blocks holding, to within one block's windows,
+        an even share), so that a shard reads only its blocks. Shards are disjoint and
+        cover the plan's windows exactly once."""
+        num_shards = check_int("num_shards", num_shards, 1)
+        shard_index = check_int("shard_index", shard_index, 0)
+        if shard_index >= num_shards:
+            raise InvalidSpecError(f"shard_index must be in 0..{num_shards - 1}, got "
+                                   f"{shard_index}")
+        if self.shard != (0, 1):
+            raise InvalidSpecError("this plan is already a shard; shard the whole split")
+        if num_shards == 1:
+            return self
+        counts = self.windows_per_block()
+        total = int(counts.sum())
+        middle = 2 * np.cumsum(counts) - counts  # twice the position of a block's middle
+        owner = np.minimum(middle * num_shards // max(1, 2 * total), num_shards - 1)
+        mine = np.flatnonzero((owner == shard_index) & (counts > 0))
+        if len(mine) == 0:
+            raise InvalidSpecError(
+                f"{self.path}: split {self.split!r} has {np.count_nonzero(counts)} storage "
+                f"blocks holding windows, too few for {num_shards} shards (shard "
+                f"{shard_index} would hold none)")
+        low = mine * self.block_rows
+        runs = self.runs.select_rows(low, np.minimum(low + self.block_rows, self.total_rows))
+        return replace(self, runs=runs, shard=(shard_index, num_shards))

@@ -24,42 +24,25 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
+from windowkit.readers._cut import PREFETCH_BATCHES, window_cutter
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
-from windowkit.windows import window_row_offsets
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from windowkit.readers.plan import ReadPlan
 
-PREFETCH_BATCHES = 8  # an autotuned buffer grew by ~35 MB here and gained nothing
 
 
 def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
                  targets: np.ndarray | None = None
                  ) -> Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]:
     """``cut(rows, starts)``: a dataset of batches of the windows starting at
-    ``starts`` in ``rows``, each batch one ``tf.gather``, cut in parallel;
-    targets keep the ``targets`` columns only (None: all)."""
+    ``starts`` in ``rows``, each batch one ``tf.gather``, cut in parallel."""
     import tensorflow as tf
 
-    inputs, horizon = window_row_offsets(spec)  # the NumPy readers' offsets too
-    input_offsets = tf.constant(inputs, dtype=tf.int64)
-    target_offsets = tf.constant(horizon, dtype=tf.int64)
-
-    def cut_batch(rows: tf.Tensor, starts: tf.Tensor) -> Any:
-        x = tf.gather(rows, starts[:, None] + input_offsets)
-        y = tf.gather(rows, starts[:, None] + target_offsets) if spec.horizon else None
-        if y is not None and targets is not None:
-            y = tf.gather(y, targets, axis=2)
-        if norm is not None:
-            mean, scale = tf.constant(norm.mean), tf.constant(norm.scale)
-            x = (tf.cast(x, mean.dtype) - mean) * scale
-            if y is not None:
-                y_norm = norm.select(targets)
-                y = (tf.cast(y, mean.dtype) - y_norm.mean) * y_norm.scale
-        return x if y is None else (x, y)
+    cut_batch = window_cutter(spec, norm, targets)
 
     def cut(rows: tf.Tensor, starts: tf.Tensor) -> tf.data.Dataset:
         n = tf.size(starts, out_type=tf.int64)
@@ -84,18 +67,43 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
     return ds.prefetch(PREFETCH_BATCHES)
 
 
-def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int,
+def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool | str, seed: int,
                drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
-               cache_bytes: int, device: str | None = None) -> tf.data.Dataset:
+               cache_bytes: int, memory_budget: int, device: str | None = None
+               ) -> tf.data.Dataset:
     """The split's batches: groups of blocks in the sampler's order, then
-    windows cut in the graph."""
-    from windowkit.readers._groups import block_groups
+    windows cut in the graph; with ``shuffle="global"``, the split's rows held
+    in memory and each epoch a uniform permutation of its windows."""
+    if shuffle == "global":
+        from windowkit.readers._global import global_batches
 
-    groups = block_groups(plan, shuffle=shuffle, seed=seed, shuffle_blocks=shuffle_blocks,
-                          cache_bytes=cache_bytes)
-    ds = batches_from_groups(groups, plan, batch_size=batch_size,
-                             drop_remainder=drop_remainder, normalize=normalize)
+        ds = global_batches(plan, batch_size=batch_size, seed=seed,
+                            drop_remainder=drop_remainder, normalize=normalize,
+                            memory_budget=memory_budget)
+    else:
+        from windowkit.readers._groups import block_groups
+
+        groups = block_groups(plan, shuffle=bool(shuffle), seed=seed,
+                              shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes)
+        ds = batches_from_groups(groups, plan, batch_size=batch_size,
+                                 drop_remainder=drop_remainder, normalize=normalize)
+    ds = ds.with_options(checkpoint_options(symbolic=shuffle == "global"))
     return ds if device is None else prefetch_to_device(ds, device)
+
+
+def checkpoint_options(*, symbolic: bool) -> tf.data.Options:
+    """Options that let ``tf.train.Checkpoint(iterator=...)`` save an iterator:
+    the reading function's state (open files, caches) is not part of it, since
+    what it returns depends only on the block ids it is given. ``symbolic``:
+    positions only, no buffered batches (global mode; ``rebatch``, which block
+    groups use, cannot be checkpointed so)."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = symbolic
+    options.experimental_external_state_policy = (
+        tf.data.experimental.ExternalStatePolicy.IGNORE)
+    return options
 
 
 def prefetch_to_device(ds: tf.data.Dataset, device: str) -> tf.data.Dataset:
