@@ -190,11 +190,12 @@ class WindowRuns:
         within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
         return run_start + within * self.stride
 
-    def select_rows(self, low: np.ndarray, high: np.ndarray) -> WindowRuns:
-        """The windows whose global start lies in one of the row ranges
-        ``[low[i], high[i])`` (ascending, disjoint), as runs in index order."""
-        low = np.asarray(low, dtype=np.int64)
-        high = np.asarray(high, dtype=np.int64)
+    def _runs_in_ranges(self, low: np.ndarray, high: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For row ranges ``[low[i], high[i])`` (ascending, disjoint): the pieces
+        of runs inside them, as ``(range, run, k_lo, k_hi)`` (windows
+        ``k_lo..k_hi-1`` of run ``run`` start in range ``range``), empty ones
+        left out."""
         lo = np.searchsorted(self.global_last, low, side="left")
         hi = np.searchsorted(self.global_first, high, side="left")
         per_range = np.maximum(hi - lo, 0)
@@ -206,10 +207,16 @@ class WindowRuns:
         k_lo = np.clip(-((first - low[which]) // self.stride), 0, count)
         k_hi = np.clip(-((first - high[which]) // self.stride), 0, count)
         keep = k_hi > k_lo
-        run = run[keep]
+        return which[keep], run[keep], k_lo[keep], k_hi[keep]
+
+    def select_rows(self, low: np.ndarray, high: np.ndarray) -> WindowRuns:
+        """The windows whose global start lies in one of the row ranges
+        ``[low[i], high[i])`` (ascending, disjoint), as runs in index order."""
+        _, run, k_lo, k_hi = self._runs_in_ranges(np.asarray(low, dtype=np.int64),
+                                                  np.asarray(high, dtype=np.int64))
         return WindowRuns(series=self.series[run],
-                          first=(self.first[run] + k_lo[keep] * self.stride).astype(np.int64),
-                          count=(k_hi - k_lo)[keep].astype(np.int64), stride=self.stride,
+                          first=(self.first[run] + k_lo * self.stride).astype(np.int64),
+                          count=(k_hi - k_lo).astype(np.int64), stride=self.stride,
                           row_offset=self.row_offset)
 
     def runs_per_block(self, block_first: np.ndarray, block_rows: np.ndarray
@@ -224,22 +231,11 @@ class WindowRuns:
         """
         low = np.asarray(block_first, dtype=np.int64)
         high = low + np.asarray(block_rows, dtype=np.int64)
-        lo = np.searchsorted(self.global_last, low, side="left")
-        hi = np.searchsorted(self.global_first, high, side="left")
-        per_block = np.maximum(hi - lo, 0)
-        total = int(per_block.sum())
-        block = np.repeat(np.arange(len(low)), per_block)
-        run = np.repeat(lo, per_block) + (
-            np.arange(total) - np.repeat(np.cumsum(per_block) - per_block, per_block))
-        first, count = self.global_first[run], self.count[run]
-        k_lo = np.clip(-((first - low[block]) // self.stride), 0, count)
-        k_hi = np.clip(-((first - high[block]) // self.stride), 0, count)
-        keep = k_hi > k_lo
-        local_first = (first + k_lo * self.stride - low[block])[keep]
-        block = block[keep]
+        block, run, k_lo, k_hi = self._runs_in_ranges(low, high)
+        local_first = self.global_first[run] + k_lo * self.stride - low[block]
         row_splits = np.concatenate([[0], np.cumsum(np.bincount(block, minlength=len(low)))])
         return (row_splits.astype(np.int64), local_first.astype(np.int64),
-                (k_hi - k_lo)[keep].astype(np.int64))
+                (k_hi - k_lo).astype(np.int64))
 
     @classmethod
     def from_index(cls, path: Path, *, stride: int, row_offset: np.ndarray,
