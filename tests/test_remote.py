@@ -55,6 +55,12 @@ def test_every_format_reads_from_s3_through_both_readers(tmp_path: Path, fmt: st
     keras = store.keras_dataset("train", 64, seed=1)
     batches = np.concatenate([keras[i][0] for i in range(len(keras))])
     np.testing.assert_array_equal(_sorted_rows(batches), _sorted_rows(expected_x))
+    uniform, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2))
+    np.testing.assert_array_equal(_sorted_rows(uniform), _sorted_rows(expected_x))
+    shards = [collect_epoch(store.tf_dataset("train", 64, num_shards=2, shard_index=i))[0]
+              for i in range(2)]
+    np.testing.assert_array_equal(_sorted_rows(np.concatenate(shards)),
+                                  _sorted_rows(expected_x))
 
 
 def test_inspect_and_verify_take_a_url(tmp_path: Path, s3_bucket: str) -> None:

@@ -136,6 +136,12 @@ def test_bad_shard_arguments_are_one_line(store: wk.Store) -> None:
         store.keras_dataset("train", 16, num_shards=2)
     with pytest.raises(wk.InvalidSpecError, match="too few for 1000 shards"):
         store.tf_dataset("train", 16, num_shards=1000, shard_index=999)
+    import tensorflow as tf
+
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                         num_replicas_in_sync=2)
+    with pytest.raises(wk.InvalidSpecError, match="batch_size: .*33.*divisible"):
+        store.tf_dataset("train", 33, input_context=context)
 
 
 _MIRRORED = textwrap.dedent("""

@@ -251,7 +251,10 @@ class Store:
                 raise InvalidSpecError("pass input_context or num_shards/shard_index, not both")
             num_shards = int(input_context.num_input_pipelines)
             shard_index = int(input_context.input_pipeline_id)
-            batch_size = int(input_context.get_per_replica_batch_size(batch_size))
+            try:
+                batch_size = int(input_context.get_per_replica_batch_size(batch_size))
+            except ValueError as exc:  # not divisible by the replicas
+                raise InvalidSpecError(f"batch_size: {exc}") from None
         plan = self._shard_plan(split, num_shards, shard_index)
         from windowkit.readers.tf import tf_dataset
 

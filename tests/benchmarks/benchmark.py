@@ -112,13 +112,18 @@ def child_keras(store_path: str, batches: str, workers: str = "1") -> dict[str, 
             "peak_rss_mb": peak_rss_mb(), "workers": threads}
 
 
+def _materialized_windows(source_dir: str) -> np.ndarray:
+    """Every window of every series of ``source_dir``, copied out: ``[n, L, F]``."""
+    return np.concatenate([
+        np.lib.stride_tricks.sliding_window_view(np.load(p), LENGTH, axis=0).transpose(0, 2, 1)
+        for p in sorted(Path(source_dir).glob("*.npy"))])
+
+
 def child_materialized(source_dir: str, batches: str) -> dict[str, Any]:
     """The plain approach: every window in memory, ``shuffle(10000).batch(B)``."""
     import tensorflow as tf
 
-    windows = np.concatenate([
-        np.lib.stride_tricks.sliding_window_view(np.load(p), LENGTH, axis=0).transpose(0, 2, 1)
-        for p in sorted(Path(source_dir).glob("*.npy"))])
+    windows = _materialized_windows(source_dir)
     ds = tf.data.Dataset.from_tensor_slices(windows).shuffle(10_000, seed=0).batch(BATCH)
     ds = ds.prefetch(tf.data.AUTOTUNE)
     count, seconds = _time_batches(ds, None if batches == "epoch" else int(batches))
@@ -131,9 +136,7 @@ def child_permuted(source_dir: str) -> dict[str, Any]:
     the fastest a uniformly shuffled epoch can be fed from memory."""
     import tensorflow as tf
 
-    windows = np.concatenate([
-        np.lib.stride_tricks.sliding_window_view(np.load(p), LENGTH, axis=0).transpose(0, 2, 1)
-        for p in sorted(Path(source_dir).glob("*.npy"))])
+    windows = _materialized_windows(source_dir)
     windows = windows[np.random.default_rng(0).permutation(len(windows))]
     ds = tf.data.Dataset.from_tensor_slices(windows).batch(BATCH).prefetch(tf.data.AUTOTUNE)
     count, seconds = _time_batches(ds, None)

@@ -28,6 +28,7 @@ def check_shuffle(shuffle: object) -> bool | str:
     raise InvalidSpecError(f"shuffle must be True (block groups), False or 'global', got "
                            f"{shuffle!r}")
 
+
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_MEMORY_BUDGET",

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from windowkit._progress import human_size
 from windowkit.errors import InvalidSpecError
-from windowkit.location import is_remote
 from windowkit.readers._cut import PREFETCH_BATCHES, window_cutter
 from windowkit.readers._order import num_batches
 
@@ -26,11 +26,6 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from windowkit.readers.plan import ReadPlan
-
-def _gigabytes(n: int) -> str:
-    import humanize
-
-    return str(humanize.naturalsize(n))
 
 
 def check_memory_budget(plan: ReadPlan, memory_budget: int) -> int:
@@ -40,8 +35,8 @@ def check_memory_budget(plan: ReadPlan, memory_budget: int) -> int:
     if needed > memory_budget:
         raise InvalidSpecError(
             f"{plan.path}: shuffle='global' holds the rows of split {plan.split!r} in "
-            f"memory, {_gigabytes(needed)}, more than memory_budget={memory_budget} "
-            f"({_gigabytes(memory_budget)}); raise memory_budget, shard the reading "
+            f"memory, {human_size(needed)}, more than memory_budget={memory_budget} "
+            f"({human_size(memory_budget)}); raise memory_budget, shard the reading "
             "(num_shards=), or use shuffle=True (block groups, bounded memory)")
     return needed
 
@@ -50,13 +45,10 @@ def load_rows(plan: ReadPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(rows, blocks, offsets)``: the rows of every block holding the plan's
     windows (ascending), block ``blocks[i]`` starting at ``rows[offsets[i]]``
     and followed by its halo."""
-    from windowkit.readers._groups import REMOTE_READERS, GroupLoader
+    from windowkit.readers._groups import GroupLoader
 
     blocks = np.flatnonzero(plan.windows_per_block()).astype(np.int64)
-    loader = GroupLoader(plan.row_reader(), total_rows=plan.total_rows,
-                         halo=plan.spec.span - 1,
-                         readers=REMOTE_READERS if is_remote(plan.path) else 1)
-    rows, offsets = loader(blocks)
+    rows, offsets = GroupLoader.of(plan)(blocks)
     return rows, blocks, offsets
 
 
@@ -70,10 +62,7 @@ def global_batches(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder
 
     check_memory_budget(plan, memory_budget)
     rows, blocks, offsets = load_rows(plan)
-    block_first = np.arange(plan.num_blocks, dtype=np.int64) * plan.block_rows
-    windows = BlockWindows(plan.runs, block_first,
-                           np.minimum(plan.block_rows, plan.total_rows - block_first))
-    starts = windows.starts(tf.constant(blocks), tf.constant(offsets))  # [n] int64
+    starts = BlockWindows.of(plan).starts(tf.constant(blocks), tf.constant(offsets))  # [n] int64
     held = tf.constant(rows)
     del rows
     n = plan.num_windows

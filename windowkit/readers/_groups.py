@@ -65,6 +65,13 @@ class BlockWindows:
         self._first = tf.RaggedTensor.from_row_splits(first, row_splits, validate=False)
         self._count = tf.RaggedTensor.from_row_splits(count, row_splits, validate=False)
 
+    @classmethod
+    def of(cls, plan: ReadPlan) -> BlockWindows:
+        """The plan's windows in each of the store's blocks."""
+        block_first = np.arange(plan.num_blocks, dtype=np.int64) * plan.block_rows
+        return cls(plan.runs, block_first,
+                   np.minimum(plan.block_rows, plan.total_rows - block_first))
+
     def starts(self, blocks: tf.Tensor, offsets: tf.Tensor) -> tf.Tensor:
         """Row positions, in a tensor holding block ``blocks[i]`` at row
         ``offsets[i]``, of the windows starting in those blocks (block order)."""
@@ -106,6 +113,13 @@ class GroupLoader:
         self._heads: OrderedDict[int, np.ndarray] = OrderedDict()  # block -> its first rows
         self._head_bytes = 0
         self._heads_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, plan: ReadPlan) -> GroupLoader:
+        """A loader of the plan's store: one reader locally, ``REMOTE_READERS``
+        copies on object storage."""
+        return cls(plan.row_reader(), total_rows=plan.total_rows, halo=plan.spec.span - 1,
+                   readers=REMOTE_READERS if is_remote(plan.path) else 1)
 
     def _head(self, block: int) -> np.ndarray | None:
         with self._heads_lock:
@@ -193,18 +207,14 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
     import tensorflow as tf
 
     spec, step_shape = plan.spec, plan.step_shape
-    block_rows, total_rows = plan.block_rows, plan.total_rows
-    block_first = np.arange(-(-total_rows // block_rows), dtype=np.int64) * block_rows
-    windows = BlockWindows(plan.runs, block_first,
-                           np.minimum(block_rows, total_rows - block_first))
+    windows = BlockWindows.of(plan)
     useful = np.flatnonzero(windows.windows > 0)  # only blocks where split windows start
     group = default_group(shuffle_blocks, cache_bytes=cache_bytes,
-                          block_bytes=(block_rows + spec.span - 1) * plan.row_bytes,
+                          block_bytes=(plan.block_rows + spec.span - 1) * plan.row_bytes,
                           num_blocks=len(useful))
     sampler = Sampler(windows.windows, group=group, shuffle=shuffle, seed=seed)
     remote = is_remote(plan.path)
-    loader = GroupLoader(plan.row_reader(), total_rows=total_rows, halo=spec.span - 1,
-                         readers=REMOTE_READERS if remote else 1)
+    loader = GroupLoader.of(plan)
     dtype = tf.as_dtype(plan.dtype)
 
     def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
