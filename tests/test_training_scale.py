@@ -140,7 +140,7 @@ def test_bad_shard_arguments_are_one_line(store: wk.Store) -> None:
 
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
                                          num_replicas_in_sync=2)
-    with pytest.raises(wk.InvalidSpecError, match="batch_size: .*33.*divisible"):
+    with pytest.raises(wk.InvalidSpecError, match=r"batch_size: .*33.*divisible"):
         store.tf_dataset("train", 33, input_context=context)
 
 
