@@ -44,6 +44,7 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark throughput
 	$(BIN)/python -m tests.benchmarks.benchmark shuffling
+	$(BIN)/python -m tests.benchmarks.benchmark forecasting
 
 bench-memory: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark memory

@@ -136,6 +136,37 @@ def test_bench_measures_the_reader_and_the_baseline(npy_dir: Path, fmt: str, rea
     assert re.search(r"^  24 windows in 3 batches, .* windows/s, .* MB/s, peak RSS", text.output,
                      re.M)
     assert "read+decode" in text.output and "gather" in text.output
+    assert re.search(r"^  mixing: a batch holds .* distinct series .*; a uniform permutation",
+                     text.output, re.M)
+    assert set(report["mixing"]) == {"series", "blocks", "uniform_series", "uniform_blocks"}
+
+
+@pytest.mark.parametrize("reader", ["tf", "keras"])
+@pytest.mark.parametrize("shuffle", ["blocks", "global", "none"])
+def test_bench_mixing_is_what_the_readers_batches_hold(tmp_path: Path, fmt: str, reader: str,
+                                                       shuffle: str) -> None:
+    """The mixing figures (measured on a stand-in store of row numbers) equal
+    those counted from the real batches of a store whose feature 0 is the
+    series; the uniform reference has every series in a batch."""
+    from windowkit.bench import SHUFFLES, batch_mixing
+
+    lengths = [300, 120, 500, 260, 90, 410, 333, 150]
+    series = [np.column_stack([np.full(n, i), np.arange(n)]).astype(np.float32)
+              for i, n in enumerate(lengths)]
+    store = wk.convert(series, tmp_path / "s", format=fmt, window=8, block_rows=32)
+    mixing = batch_mixing(store, split="train", batch_size=64, reader=reader, shuffle=shuffle,
+                          seed=2)
+    kwargs = {"shuffle": SHUFFLES[shuffle], "seed": 2, "drop_remainder": True}
+    batches = (list(store.tf_dataset("train", 64, **kwargs)) if reader == "tf" else
+               [b for b in store.keras_dataset("train", 64, **kwargs)])
+    firsts = np.stack([np.asarray(b)[:, 0, :] for b in batches]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    blocks = (offsets[firsts[..., 0]] + firsts[..., 1]) // 32
+    assert mixing.series == pytest.approx(np.mean([len(set(b)) for b in firsts[..., 0]]))
+    assert mixing.blocks == pytest.approx(np.mean([len(set(b)) for b in blocks]))
+    assert mixing.uniform_series > 7.5
+    if shuffle == "none":
+        assert mixing.series < 2.5
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -8,6 +8,7 @@ Each oracle is built independently with pandas from the same file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
 
 def _convert(tmp_path: Path, fmt: str, source: str, *options: str) -> wk.Store:
     out = tmp_path / "store"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     result = CliRunner().invoke(main, ["convert", str(REAL / source), "--format", fmt,
                                        "--out", str(out), "-q", *options])
     assert result.exit_code == 0, result.output
@@ -67,6 +69,38 @@ def test_grunfeld_chronological_splits_do_not_leak(tmp_path: Path, fmt: str) -> 
         assert not rows["train"] & rows["test"]
         assert max(rows["train"]) < min(rows["val"]) <= max(rows["val"]) < min(rows["test"])
     assert all(store.num_windows(s) > 0 for s in store.splits)
+
+
+def test_grunfeld_history_context_validates_on_the_last_years(tmp_path: Path,
+                                                              fmt: str) -> None:
+    """Window 5, horizon 1, 80/20: with ``none`` no validation window fits in 4
+    years; with ``history`` each firm has 4, whose targets are exactly its last
+    4 years (the last 20%), and no training window holds one of them."""
+    args = ["--series-col", "firm", "--time-col", "year", "--columns",
+            "invest,value,capital", "--window", "5", "--horizon", "1",
+            "--split", "train=0.8,val=0.2"]
+    assert _convert(tmp_path / "none", fmt, "grunfeld.csv", *args).num_windows("val") == 0
+    store = _convert(tmp_path / "history", fmt, "grunfeld.csv", *args,
+                     "--split-context", "history")
+    frame = pd.read_csv(REAL / "grunfeld.csv")
+    firms = [g.sort_values("year") for _, g in frame.groupby("firm", sort=False)]
+    x, y = _windows(store, "val")
+    assert y is not None and len(y) == 11 * 4
+    want_y = np.concatenate([g[["invest", "value", "capital"]].to_numpy()[16:] for g in firms])
+    np.testing.assert_allclose(y[:, 0, :], want_y, rtol=1e-6)
+    want_x = np.stack([g[["invest", "value", "capital"]].to_numpy()[s:s + 5]
+                       for g in firms for s in range(11, 15)])
+    np.testing.assert_allclose(x, want_x, rtol=1e-6)
+    index = store.index("train")
+    train_rows = {(int(f), r) for f, start, length in index.tolist()
+                  for r in range(start, start + length)}
+    val_targets = {(int(f), start + 5) for f, start, _ in store.index("val").tolist()}
+    assert not train_rows & val_targets and store.num_windows("train") == 11 * 11
+    png = tmp_path / "store.png"
+    shown = CliRunner().invoke(main, ["inspect", str(store.path), "--plot", str(png)]).output
+    assert "split context" in shown and "history" in shown
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert re.search(r"windows \[val\]\s+44\s+\(times 1951\.\.1954\)", shown), shown
 
 
 def test_mauna_loa_co2_with_missing_weeks(tmp_path: Path, fmt: str) -> None:
@@ -175,3 +209,25 @@ def test_text_times_need_their_format(tmp_path: Path, value: str | None, message
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert message in result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_the_readme_forecasting_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    """The README's DeepAR-style example, as written there: static and
+    known-future inputs, a series embedding, validation with history."""
+    import keras
+
+    readme = (REAL.parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    code = next(b for b in blocks if 'frame = pd.read_csv("fixtures/real/grunfeld.csv")' in b)
+    monkeypatch.chdir(tmp_path)
+    code = code.replace("fixtures/real/", f"{REAL}/").replace("epochs=30", "epochs=30, verbose=0")
+    scope: dict[str, object] = {"pd": pd, "wk": wk, "keras": keras, "np": np}
+    exec(compile(code, "README.md", "exec"), scope)
+    store, model = scope["store"], scope["model"]
+    assert isinstance(store, wk.Store) and store.num_windows("val") == 44
+    losses = model.history.history  # type: ignore[attr-defined]
+    assert losses["loss"][-1] < losses["loss"][0] and np.isfinite(losses["val_loss"]).all()
+    x, _y = store.windows("val", [0])
+    assert x["static"][0, 0] == pd.read_csv(REAL / "grunfeld.csv").groupby(
+        "firm", sort=False)["capital"].first().iloc[0]

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import windowkit as wk
 from tests.conftest import oracle_windows
@@ -106,3 +108,94 @@ def test_bad_split_options(tmp_path: Path, value: str, message: str) -> None:
     with pytest.raises(wk.InvalidSpecError, match=message):
         wk.convert([np.zeros((50, 2))], tmp_path / "s", window=4, splits=value)
     assert not list(tmp_path.iterdir())
+
+
+# -- split context: forecasting windows whose inputs reach back before their split ----------
+def _context_oracle(rows: int, lo: int, hi: int, spec: wk.WindowSpec) -> list[int]:
+    """Starts of the windows of split rows ``[lo, hi)`` under ``history``: every
+    target row in the split, every input row in the series before ``hi``; on the
+    stride's grid from the first such window."""
+    L, H, R, S = spec.length, spec.horizon, spec.sampling_rate, spec.stride  # noqa: N806
+    ok = [s for s in range(rows)
+          if s + L * R >= lo and s + (L + H - 1) * R < hi]
+    return [s for s in ok if (s - ok[0]) % S == 0] if ok else []
+
+
+def test_history_context_counts_match_the_oracle(tmp_path: Path, fmt: str) -> None:
+    """Every format: each series' validation and test windows are exactly the
+    oracle's, their targets inside the split, and no validation or test target
+    lies in a training window."""
+    spec = wk.WindowSpec(5, stride=2, sampling_rate=2, horizon=3)
+    rng = np.random.default_rng(1)
+    lengths = (200, 57, 31, 120, 12)
+    arrays = [rng.normal(size=(n, 2)).astype(np.float32) for n in lengths]
+    fractions = {"train": 0.6, "val": 0.2, "test": 0.2}
+    store = wk.convert(arrays, tmp_path / "s", format=fmt, window=spec, splits=fractions,
+                       split_context="history", block_rows=32)
+    cuts = np.cumsum([0.0, *fractions.values()])
+    for split_k, split in enumerate(fractions):
+        index = store.index(split)
+        for sid, n in enumerate(lengths):
+            lo, hi = np.rint(n * cuts[split_k:split_k + 2]).astype(int)
+            want = (oracle_starts(n, lo, hi, spec) if split == "train"
+                    else _context_oracle(n, lo, hi, spec))
+            assert index[index[:, 0] == sid, 1].tolist() == want, (split, sid)
+    train_rows = {(s, r) for s, start, _ in store.index("train").tolist()
+                  for r in range(start, start + spec.span, spec.sampling_rate)}
+    for split in ("val", "test"):
+        x, y = store.windows(split, np.arange(store.num_windows(split)))
+        for i, (s, start, _) in enumerate(store.index(split).tolist()):
+            targets = range(start + spec.length * 2, start + spec.span, 2)
+            assert not {(s, r) for r in targets} & train_rows
+            np.testing.assert_array_equal(x[i], arrays[s][start:start + 10:2])
+            np.testing.assert_array_equal(y[i], arrays[s][start + 10:start + spec.span:2])
+
+
+def oracle_starts(rows: int, lo: int, hi: int, spec: wk.WindowSpec) -> list[int]:
+    """Starts of the windows lying wholly in rows ``[lo, hi)`` (``none``)."""
+    span = (spec.length + spec.horizon - 1) * spec.sampling_rate + 1
+    return list(range(lo, hi - span + 1, spec.stride))
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 6), horizon=st.integers(0, 4), stride=st.integers(1, 3),
+       rate=st.integers(1, 3), rows=st.lists(st.integers(1, 60), min_size=1, max_size=4),
+       train=st.floats(0.2, 0.8))
+def test_history_context_for_any_window_and_cut(length: int, horizon: int, stride: int,
+                                                rate: int, rows: list[int], train: float
+                                                ) -> None:
+    """Split plan level, over window shapes and cut points: training windows
+    stay in the training rows; validation windows are the oracle's (with no
+    horizon, exactly those of ``none``)."""
+    from windowkit.splits import SplitPlan
+
+    spec = wk.WindowSpec(length, stride=stride, sampling_rate=rate, horizon=horizon)
+    plan = SplitPlan.chronological(np.array(rows), {"train": train, "val": 1 - train})
+    history = length * rate if horizon else 0
+    for k in (0, 1):
+        reach = plan.window_ranges(k, context="history", history_rows=history)
+        for sid, n in enumerate(rows):
+            lo, hi = plan.ranges[sid, k]
+            got = oracle_starts(n, int(reach[sid, 0]), int(hi), spec) if hi > lo else []
+            if k == 0 or horizon == 0:
+                assert got == (oracle_starts(n, int(lo), int(hi), spec) if hi > lo else [])
+            else:
+                assert got == _context_oracle(n, int(lo), int(hi), spec)
+
+
+def test_history_context_changes_nothing_by_series_or_without_a_horizon(tmp_path: Path
+                                                                        ) -> None:
+    arrays = [np.arange(n * 2, dtype=np.float32).reshape(n, 2) for n in (80, 60, 45, 90)]
+    for spec, by in ((wk.WindowSpec(6, horizon=2), "series"), (wk.WindowSpec(6), "time")):
+        stores = [wk.convert(arrays, tmp_path / f"{by}-{context}", format="zarr", window=spec,
+                             splits="train=0.5,val=0.5", split_by=by, split_context=context)
+                  for context in ("none", "history")]
+        for split in ("train", "val"):
+            np.testing.assert_array_equal(stores[0].index(split), stores[1].index(split))
+
+
+def test_a_bad_split_context_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(wk.InvalidSpecError, match="split_context must be 'none' or 'history'"):
+        wk.convert([np.zeros((50, 2), np.float32)], tmp_path / "s", window=4,
+                   split_context="future")
+    assert not (tmp_path / "s").exists()

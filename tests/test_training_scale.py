@@ -152,11 +152,9 @@ _MIRRORED = textwrap.dedent("""
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     store = wk.open_store(sys.argv[1])
+    shuffle = {"blocks": True, "global": "global"}[sys.argv[2]]
     dist = strategy.distribute_datasets_from_function(
-        lambda ctx: store.tf_dataset("train", 32, shuffle=sys.argv[2] == "global" or True,
-                                     seed=4, input_context=ctx)
-        if sys.argv[2] == "blocks" else
-        store.tf_dataset("train", 32, shuffle="global", seed=4, input_context=ctx))
+        lambda ctx: store.tf_dataset("train", 32, shuffle=shuffle, seed=4, input_context=ctx))
     seen = []
     for x, _ in dist:
         seen += [v.numpy()[:, 0, :2].tolist() for v in strategy.experimental_local_results(x)]
@@ -184,6 +182,82 @@ def test_mirrored_strategy_reads_every_window_once(tmp_path: Path, store: wk.Sto
     assert starts == expected
 
 
+_MULTI_WORKER = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np, tensorflow as tf, windowkit as wk
+    store_path, mode, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    shuffle = {"blocks": True, "global": "global"}[mode]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    store = wk.open_store(store_path)
+    dist = strategy.distribute_datasets_from_function(
+        lambda ctx: store.tf_dataset("train", 32, shuffle=shuffle, seed=4, input_context=ctx))
+
+    @tf.function
+    def step(x):  # an all-reduce across the two workers, as a training step makes
+        count = strategy.run(lambda x: tf.cast(tf.shape(x)[0], tf.float32), args=(x,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, count, axis=None)
+
+    seen, reduced = [], []
+    for i, (x, _) in enumerate(dist):
+        if i < steps:  # steps every worker has (shards differ by up to a block)
+            reduced.append(float(step(x)))
+        seen += [v.numpy()[:, 0, :2].tolist() for v in strategy.experimental_local_results(x)]
+    print(json.dumps({"seen": seen, "reduced": reduced}))
+""")
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.parametrize("mode", ["blocks", "global"])
+def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
+                                                                store: wk.Store,
+                                                                mode: str) -> None:
+    """Two worker processes (``TF_CONFIG`` on 127.0.0.1), one input pipeline
+    each: each reads its own shard at 16 windows of a global 32, the steps
+    all-reduce across both, and together they read the split once."""
+    script = tmp_path / "multi_worker.py"
+    script.write_text(_MULTI_WORKER)
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    total = store.num_windows("train")
+    steps = (total // 2 - 64) // 16  # shards are within a block (64 rows) of half
+    procs = []
+    for index in range(2):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(script), str(store.path), mode, str(steps)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT),
+                 "TF_CONFIG": json.dumps(config), "CUDA_VISIBLE_DEVICES": ""}))
+    outputs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+            outputs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            proc.kill()
+    for out in outputs:
+        assert out["reduced"] == [32.0] * steps  # 16 from each worker, every step
+        sizes = [len(b) for b in out["seen"] if b]  # empty: the other worker goes on
+        assert set(sizes[:-1]) == {16}
+    shards = [{tuple(w) for b in out["seen"] for w in b} for out in outputs]
+    assert not shards[0] & shards[1]
+    expected = sorted(tuple(w) for w in _every_window(store)[:, 0, :2].tolist())
+    assert sorted(shards[0] | shards[1]) == expected
+    assert sum(len(b) for out in outputs for b in out["seen"]) == total
+
+
 # -- 4. resuming an epoch in a new process --------------------------------------------------
 _RESUME = textwrap.dedent("""
     import json, sys
@@ -207,8 +281,8 @@ _RESUME = textwrap.dedent("""
 @pytest.mark.parametrize("mode", ["blocks", "global"])
 def test_an_iterator_resumes_in_a_new_process(tmp_path: Path, fmt: str, mode: str) -> None:
     """Saved after k batches (in the second epoch), restored in a new process: the
-    same batches as an uninterrupted run; in global mode the checkpoint holds
-    positions only (block groups' also holds the batches in flight)."""
+    same batches as an uninterrupted run; the checkpoint holds positions, not
+    the batches in flight."""
     store = wk.convert(_tagged([300, 260, 410]), tmp_path / "s", format=fmt, window=8,
                        block_rows=32)
     per_epoch = -(-store.num_windows("train") // 16)
@@ -228,8 +302,101 @@ def test_an_iterator_resumes_in_a_new_process(tmp_path: Path, fmt: str, mode: st
     run(skip)
     rest = json.loads(run(-2))
     assert rest == whole[skip:]
-    if mode == "global":  # positions only, not rows or batches
-        assert sum(p.stat().st_size for p in tmp_path.glob("ckpt*")) < 16 << 10
+    # positions (and a batch's worth of carried windows at most), not rows or batches
+    assert sum(p.stat().st_size for p in tmp_path.glob("ckpt*")) < 16 << 10
+
+
+_KERAS_RESUME = textwrap.dedent("""
+    import json, sys
+    import keras, numpy as np, windowkit as wk
+    stores, backup, stop_after = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+
+    class Preempted(Exception):
+        pass
+
+    class Preempt(keras.callbacks.Callback):  # the machine goes away after n batches
+        def __init__(self, n):
+            super().__init__()
+            self.n = n
+        def on_train_batch_end(self, batch, logs=None):
+            self.n -= 1
+            if self.n == 0:
+                raise Preempted
+
+    keras.utils.set_random_seed(0)
+    weights = []
+    for i, path in enumerate(stores):
+        ds = wk.open_store(path).keras_dataset("train", 16, seed=3)
+        model = keras.Sequential([keras.Input((8, 3)), keras.layers.Flatten(),
+                                  keras.layers.Dense(3, kernel_initializer="ones"),
+                                  keras.layers.Reshape((1, 3))])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        callbacks = []
+        if backup != "-":
+            callbacks.append(ds.backup_and_restore(f"{backup}/{i}", save_freq=2))
+        if stop_after > 0:
+            callbacks.append(Preempt(stop_after))
+        try:
+            model.fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=callbacks)
+        except Preempted:
+            continue
+        weights.append([w.tolist() for w in model.get_weights()])
+    print(json.dumps(weights))
+""")
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_keras_fit_resumes_at_the_batch_where_it_stopped(tmp_path: Path, backend: str
+                                                         ) -> None:
+    """``fit`` preempted twice mid-epoch (the second time during the resumed
+    epoch) and restored each time in a new process from
+    ``backup_and_restore(save_freq=2)`` ends with exactly the weights of an
+    uninterrupted run: the same batches, in the same order, none twice."""
+    if backend == "jax":
+        pytest.importorskip("jax")
+    rng = np.random.default_rng(5)
+    stores = [str(wk.convert([rng.normal(size=(n, 3)).astype(np.float32) for n in (150, 90)],
+                             tmp_path / fmt, format=fmt, window=wk.WindowSpec(8, horizon=1),
+                             block_rows=32).path) for fmt in wk.FORMAT_NAMES]
+    per_epoch = -(-wk.open_store(stores[0]).num_windows("train") // 16)
+    script = tmp_path / "keras_resume.py"
+    script.write_text(_KERAS_RESUME)
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": str(ROOT), "TF_DETERMINISTIC_OPS": "1"}
+
+    def fit(backup: str, stop_after: int) -> list[object]:
+        proc = subprocess.run([sys.executable, str(script), json.dumps(stores), backup,
+                               str(stop_after)], capture_output=True, text=True, env=env,
+                              check=False, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "ran out of data" not in proc.stderr
+        return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+    whole = fit("-", 0)
+    backup = str(tmp_path / "backup")
+    assert fit(backup, per_epoch + 5) == []  # preempted in epoch 2, after its save at 4
+    assert fit(backup, 3) == []  # preempted again, 3 batches into the resumed epoch
+    resumed = fit(backup, 0)
+    assert len(resumed) == len(whole) == len(stores)
+    for got, want in zip(resumed, whole, strict=True):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    assert not (tmp_path / "backup" / "0").exists()  # removed once fit has ended
+
+
+def test_a_dataset_seeks_to_a_batch_of_an_epoch(tmp_path: Path) -> None:
+    ds = wk.convert(_tagged([300, 200]), tmp_path / "s", format="zarr",
+                    window=8, block_rows=64).keras_dataset("train", 16, seed=1)
+    ds.epoch = 2
+    whole = [ds[i] for i in range(len(ds))]
+    ds.seek(2, 5)
+    assert ds.position == (2, 5) and len(ds) == len(whole) - 5
+    np.testing.assert_array_equal(np.concatenate([ds[i] for i in range(len(ds))]),
+                                  np.concatenate(whole[5:]))
+    ds.on_epoch_end()
+    assert ds.position == (3, 0) and len(ds) == len(whole)
+    with pytest.raises(wk.InvalidSpecError, match="beyond the epoch"):
+        ds.seek(3, len(whole) + 1)
 
 
 # -- 6. Keras 3 backends -------------------------------------------------------------------

@@ -7,6 +7,12 @@ loads them) and *gather* (cutting batches of windows from blocks already in
 memory). ``baseline=True`` also runs, in the same process on the same
 windows, the plain approach: every window materialized in memory,
 ``shuffle(10000).batch(B)``.
+
+How well batches are mixed is measured exactly, on the reader's own pipeline:
+run once more over a stand-in for the store whose rows hold their own row
+numbers (nothing is read), each batch says which windows it holds; its
+distinct series and storage blocks are reported next to those of a uniform
+permutation of the same windows.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import InvalidSpecError, WindowkitError
+from windowkit.readers.plan import ReadPlan
 
 if TYPE_CHECKING:
     from windowkit.store import Store
 
 READERS = ("tf", "keras")
+SHUFFLES: dict[str, bool | str] = {"blocks": True, "global": "global", "none": False}
 PLAIN_SHUFFLE_BUFFER = 10_000
 GATHER_BATCHES = 200  # batches timed by the gather-alone stage
 
@@ -64,16 +72,29 @@ class Stage:
 
 
 @dataclass
+class Mixing:
+    """Distinct series and storage blocks per batch, averaged over one epoch's
+    full batches: the reader's, and a uniform permutation's of the same windows."""
+
+    series: float
+    blocks: float
+    uniform_series: float
+    uniform_blocks: float
+
+
+@dataclass
 class BenchReport:
     store: str
     format: str
     reader: str
+    shuffle: str
     split: str
     batch_size: int
     window_bytes: int
     run: Stage  # the reader, as training consumes it
     peak_rss_mb: float
     stages: list[Stage]
+    mixing: Mixing | None = None
     baseline: dict[str, Any] | None = None
 
     @property
@@ -197,6 +218,75 @@ def _keras_stages(store: Store, split: str, batch_size: int, seed: int,
     return [read, timed]
 
 
+class _RowNumbers:
+    """A row reader whose rows hold their own global row numbers (float64)."""
+
+    def __init__(self, block_rows: int) -> None:
+        self.block_rows = block_rows
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return np.arange(start, stop, dtype=np.float64)[:, None]
+
+
+@dataclass(frozen=True)
+class _NumberedPlan(ReadPlan):
+    """A read plan whose rows are their row numbers: the readers' order, no data."""
+
+    def row_reader(self) -> _RowNumbers:
+        return _RowNumbers(self.block_rows)
+
+
+def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuffle: str,
+                 seed: int) -> Mixing:
+    """How many series and storage blocks one epoch's batches of ``reader``
+    (with ``shuffle``, one of :data:`SHUFFLES`) hold, next to a uniform
+    permutation of the same windows."""
+    from windowkit.readers import DEFAULT_CACHE_BYTES, DEFAULT_MEMORY_BUDGET
+
+    plan = store.read_plan(split)
+    numbered = _NumberedPlan(**{**plan.__dict__, "dtype": np.dtype(np.float64),
+                                "step_shape": (1,), "statistics": None, "target_index": None,
+                                "known_index": None, "static_values": None,
+                                "static_statistics": None})
+    # the stand-in's rows are 8 bytes: scale the byte budgets so that the groups
+    # of blocks, which they size, are those of the real store
+    scale = numbered.row_bytes / plan.row_bytes
+    cache_bytes = max(1, int(DEFAULT_CACHE_BYTES * scale))
+    budget = max(1, int(DEFAULT_MEMORY_BUDGET * scale))
+    mode = SHUFFLES[shuffle]
+    if reader == "tf":
+        from windowkit.readers.tf import tf_dataset
+
+        ds = tf_dataset(numbered, batch_size=batch_size, shuffle=mode, seed=seed,
+                        drop_remainder=True, normalize=False, shuffle_blocks=None,
+                        cache_bytes=cache_bytes, memory_budget=budget)
+        batches: Any = iter(ds)
+    else:
+        from windowkit.readers.keras import WindowPyDataset
+
+        keras_ds = WindowPyDataset(numbered, batch_size, shuffle=mode, seed=seed,
+                                   drop_remainder=True, cache_bytes=cache_bytes,
+                                   memory_budget=budget)
+        batches = (keras_ds[i] for i in range(len(keras_ds)))
+    firsts = [np.asarray(b[0] if isinstance(b, tuple) else b)[:, 0, 0] for b in batches]
+    if not firsts:
+        raise InvalidSpecError(f"split {split!r} has no full batch of {batch_size} windows")
+    rows = np.concatenate(firsts).astype(np.int64)  # each window's first row
+    offsets = store.series_table.column("row_offset").to_numpy().astype(np.int64)
+    block_rows = store.manifest.block_rows
+
+    def distinct(rows: np.ndarray) -> tuple[float, float]:
+        series = np.searchsorted(offsets, rows, side="right").reshape(-1, batch_size)
+        blocks = (rows // block_rows).reshape(-1, batch_size)
+        count = lambda ids: float(np.mean((np.diff(np.sort(ids, axis=1), axis=1) != 0  # noqa: E731
+                                           ).sum(axis=1) + 1))
+        return count(series), count(blocks)
+
+    got = distinct(rows)
+    uniform = distinct(rows[np.random.default_rng(seed).permutation(len(rows))])
+    return Mixing(got[0], got[1], uniform[0], uniform[1])
+
+
 def _baseline(store: Store, split: str, batch_size: int, seed: int, warmup: int,
               batches: int | None) -> dict[str, Any]:
     """The plain approach on the same windows: all in memory, ``shuffle().batch()``."""
@@ -217,23 +307,26 @@ def _baseline(store: Store, split: str, batch_size: int, seed: int, warmup: int,
 
 
 def run_bench(store: Store, *, split: str = "train", batch_size: int = 256,
-              reader: str = "tf", batches: int | None = None, warmup: int = 5,
-              baseline: bool = False, seed: int = 0) -> BenchReport:
+              reader: str = "tf", shuffle: str = "blocks", batches: int | None = None,
+              warmup: int = 5, baseline: bool = False, seed: int = 0) -> BenchReport:
     """Time ``reader`` over ``batches`` batches (default: the rest of one epoch)
-    after ``warmup`` batches, then its stages alone, then (``baseline``) the
-    plain materialized pipeline."""
+    after ``warmup`` batches, then its stages alone, how well it mixes batches,
+    then (``baseline``) the plain materialized pipeline."""
     if reader not in READERS:
         raise InvalidSpecError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
+    if shuffle not in SHUFFLES:
+        raise InvalidSpecError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
     if batches is not None and batches < 1:
         raise InvalidSpecError(f"batches must be >= 1, got {batches}")
     if warmup < 0:
         raise InvalidSpecError(f"warmup must be >= 0, got {warmup}")
+    mode = SHUFFLES[shuffle]
     if reader == "tf":
-        ds: Any = store.tf_dataset(split, batch_size, shuffle=True, seed=seed)
+        ds: Any = store.tf_dataset(split, batch_size, shuffle=mode, seed=seed)
         count = int(ds.cardinality())
         items: Any = ds
     else:
-        keras_ds = store.keras_dataset(split, batch_size, shuffle=True, seed=seed)
+        keras_ds = store.keras_dataset(split, batch_size, shuffle=mode, seed=seed)
         count = len(keras_ds)
         items = (keras_ds[i] for i in range(count))
     if count <= warmup:
@@ -246,10 +339,12 @@ def run_bench(store: Store, *, split: str = "train", batch_size: int = 256,
     rss = peak_rss_mb()
     make_stages = _tf_stages if reader == "tf" else _keras_stages
     stages = make_stages(store, split, batch_size, seed, batches)
+    mixing = batch_mixing(store, split=split, batch_size=batch_size, reader=reader,
+                          shuffle=shuffle, seed=seed)
     report = BenchReport(
-        store=str(store.path), format=store.manifest.format, reader=reader, split=split,
-        batch_size=batch_size, window_bytes=_window_bytes(store),
-        run=run, peak_rss_mb=rss, stages=stages)
+        store=str(store.path), format=store.manifest.format, reader=reader, shuffle=shuffle,
+        split=split, batch_size=batch_size, window_bytes=_window_bytes(store),
+        run=run, peak_rss_mb=rss, stages=stages, mixing=mixing)
     if baseline:
         report.baseline = _baseline(store, split, batch_size, seed, warmup, batches)
     return report
@@ -261,8 +356,8 @@ def render(report: BenchReport) -> str:
     waited = sum(t1 - t0 for t0, t1 in r.spans)
     latency = np.array([t1 - t0 for t0, t1 in r.spans]) * 1e3
     lines = [
-        f"{report.store}: {report.format}, {report.reader} reader, split {report.split!r}, "
-        f"batch {report.batch_size}",
+        f"{report.store}: {report.format}, {report.reader} reader, shuffle {report.shuffle}, "
+        f"split {report.split!r}, batch {report.batch_size}",
         f"  {r.windows:,} windows in {len(r.spans)} batches, {r.seconds:.2f} s: "
         f"{r.windows_s:,.0f} windows/s, {r.mb_s:,.0f} MB/s, peak RSS {report.peak_rss_mb:,.0f} MB",
         f"  batch latency p50 {np.percentile(latency, 50):.2f} ms, p99 "
@@ -279,6 +374,12 @@ def render(report: BenchReport) -> str:
             lines.append(
                 f"    gather       {stage.windows:,} windows from blocks in memory in "
                 f"{stage.seconds:.3f} s ({stage.windows_s:,.0f} windows/s)")
+    mix = report.mixing
+    if mix is not None:
+        lines.append(
+            f"  mixing: a batch holds {mix.series:.1f} distinct series and {mix.blocks:.1f} "
+            f"storage blocks; a uniform permutation: {mix.uniform_series:.1f} and "
+            f"{mix.uniform_blocks:.1f}")
     base = report.baseline
     if base is not None and "skipped" in base:
         lines.append(f"  baseline skipped: {base['skipped']}")

@@ -237,6 +237,12 @@ class WindowRuns:
         return (row_splits.astype(np.int64), local_first.astype(np.int64),
                 (k_hi - k_lo).astype(np.int64))
 
+    def series_per_block(self, block_first: np.ndarray, block_rows: np.ndarray) -> np.ndarray:
+        """The series of each run :meth:`runs_per_block` returns, in its order."""
+        low = np.asarray(block_first, dtype=np.int64)
+        _, run, _, _ = self._runs_in_ranges(low, low + np.asarray(block_rows, dtype=np.int64))
+        return self.series[run].astype(np.int32)
+
     @classmethod
     def from_index(cls, path: Path, *, stride: int, row_offset: np.ndarray,
                    series_rows: np.ndarray, span: int = 1) -> WindowRuns:

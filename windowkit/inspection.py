@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from windowkit._progress import human_size
+from windowkit.errors import WindowkitError
 from windowkit.formats import get_format
 from windowkit.store import open_store
 
@@ -32,6 +33,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "step_shape": list(m.step_shape),
         "columns": m.columns,
         "target_columns": m.target_columns,
+        "known_columns": m.known_columns,
+        "static_columns": m.static_columns,
         "window": m.window.to_dict(),
         "series": m.series["count"],
         "too_short_series": m.series["too_short"],
@@ -41,6 +44,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "time_column": m.series.get("time_column"),
         "rows": m.total_rows,
         "splits": {name: m.splits[name]["windows"] for name in order},
+        "split_context": m.options.get("split_context", "none"),
         "split_times": {name: [_time(m.splits[name].get(k), unit)
                                for k in ("first_time", "last_time")]
                         for name in order if m.splits[name].get("first_time") is not None},
@@ -85,10 +89,17 @@ def render(summary: dict[str, Any]) -> str:
         *([("columns", _names(summary["columns"]))] if summary["columns"] else []),
         *([("target columns", ", ".join(summary["target_columns"]))]
           if summary["target_columns"] else []),
+        *([("known columns", ", ".join(summary["known_columns"]) + " (known over the horizon)")]
+          if summary["known_columns"] else []),
+        *([("static columns", ", ".join(summary["static_columns"]) + " (one value per series)")]
+          if summary["static_columns"] else []),
         ("window", ", ".join(f"{k}={v}" for k, v in window.items())),
         ("series", f"{summary['series']} ({summary['too_short_series']} too short for a window)"),
         ("rows", f"{summary['rows']:,}"),
         *([("time column", str(summary["time_column"]))] if summary["time_column"] else []),
+        *([("split context", "history (val/test inputs may come from earlier rows; the "
+                             "times are the targets')")]
+          if summary["split_context"] == "history" else []),
         *[(f"windows [{name}]", f"{count:,}" + (
             f"  (times {summary['split_times'][name][0]}..{summary['split_times'][name][1]})"
             if name in summary["split_times"] else ""))
@@ -108,3 +119,83 @@ def render(summary: dict[str, Any]) -> str:
     ]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
+
+
+SAMPLED_SERIES = 24  # series drawn on the coverage timeline
+
+
+def plot(path: str | os.PathLike[str], png: str | os.PathLike[str]) -> None:
+    """A picture of the store at ``path``, as a PNG: series lengths; each split's
+    coverage of a sample of series (rows a window of the split reads); windows
+    per split and those skipped at time gaps and missing values."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise WindowkitError("--plot needs matplotlib: pip install 'windowkit[plot]'") from None
+    store = open_store(path)
+    summary = describe(path)
+    rows = store.series_table.column("rows").to_numpy().astype(np.int64)
+    fig, (lengths, timeline, counts) = plt.subplots(
+        3, 1, figsize=(10, 11), constrained_layout=True,
+        gridspec_kw={"height_ratios": [1, 2.2, 1]})
+    _plot_lengths(lengths, rows, store.spec.span)
+    _plot_coverage(timeline, store, rows, list(summary["splits"]))
+    _plot_counts(counts, summary)
+    fig.suptitle(f"{summary['path']}: {summary['format']}, {summary['series']:,} series, "
+                 f"{summary['rows']:,} rows")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def _plot_lengths(ax: Any, rows: np.ndarray, span: int) -> None:
+    bins = np.unique(np.geomspace(max(1, rows.min()), max(2, rows.max() + 1), 40).astype(int))
+    ax.hist(rows, bins=bins if len(bins) > 1 else 10, color="tab:blue")
+    if rows.max() > 20 * max(1, rows.min()):
+        ax.set_xscale("log")
+    ax.axvline(span, color="tab:red", linestyle="--", label=f"a window's span ({span} rows)")
+    ax.set_xlabel("rows per series")
+    ax.set_ylabel("series")
+    ax.set_title(f"series lengths ({int((rows < span).sum()):,} too short for a window)")
+    ax.legend(loc="upper right")
+
+
+def _plot_coverage(ax: Any, store: Any, rows: np.ndarray, splits: list[str]) -> None:
+    """One line per sampled series: its rows, and under it the rows each split's
+    windows read (blank stretches: gaps, missing values, or no window fits)."""
+    sample = np.unique(np.linspace(0, len(rows) - 1, min(SAMPLED_SERIES, len(rows))).astype(int))
+    colors = ["tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+    height = 0.8 / (len(splits) + 1)
+    span = store.spec.span
+    for y, series in enumerate(sample):
+        ax.broken_barh([(0, int(rows[series]))], (y, height * 0.9), color="lightgray")
+    for k, name in enumerate(splits):
+        runs = store.runs(name)
+        for y, series in enumerate(sample):
+            mine = runs.series == series
+            lo = runs.first[mine]
+            hi = lo + (runs.count[mine] - 1) * runs.stride + span
+            ax.broken_barh([(int(a), int(b - a)) for a, b in zip(lo, hi, strict=True)],
+                           (y + (k + 1) * height, height * 0.9), color=colors[k % len(colors)],
+                           label=name if y == 0 else None)
+    ax.set_yticks(np.arange(len(sample)) + 0.4, [f"series {s}" for s in sample], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("row within the series")
+    ax.set_title(f"rows the windows of each split read ({len(sample)} of {len(rows):,} series; "
+                 "gray: the series)")
+    ax.legend(loc="lower right", fontsize=8)
+
+
+def _plot_counts(ax: Any, summary: dict[str, Any]) -> None:
+    labels = [f"windows [{name}]" for name in summary["splits"]]
+    values = list(summary["splits"].values())
+    labels += ["skipped: time gap", "skipped: missing value"]
+    values += [summary["gap_skipped_windows"], summary["nan_skipped_windows"]]
+    bars = ax.barh(labels, values, color=["tab:green"] * len(summary["splits"])
+                   + ["tab:red", "tab:red"])
+    ax.bar_label(bars, labels=[f"{v:,}" for v in values], fontsize=8, padding=2)
+    ax.invert_yaxis()
+    ax.set_xlabel("windows")
+    ax.set_title("windows per split, and windows left out")

@@ -51,6 +51,7 @@ MANIFEST_NAME = "windowkit.json"
 FORMAT_VERSION = 2
 CHECKSUM = "sha256"
 MAX_MANIFEST_BYTES = 256 << 20
+STATIC_PREFIX = "static_"  # series.parquet column of a static feature: static_<name>
 #: Every dtype a store may hold (numpy names).
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64")
@@ -134,6 +135,9 @@ class _Manifest(Strict):
     step_shape: tuple[int, ...] = Field(max_length=8)
     columns: list[Name] | None
     target_columns: list[Name] | None = None
+    known_columns: list[Name] | None = None
+    static_columns: list[Name] | None = None
+    static_statistics: _Statistics | None = None
     window: _Window
     total_rows: Count
     block_rows: Positive
@@ -169,6 +173,18 @@ class _Manifest(Strict):
                 or len(set(self.target_columns)) != len(self.target_columns)
                 or self.window.horizon == 0):
             raise ValueError("target_columns must be distinct columns of a store with a horizon")
+        if self.known_columns is not None and (
+                not self.columns or not set(self.known_columns) <= set(self.columns)
+                or len(set(self.known_columns)) != len(self.known_columns)
+                or self.window.horizon == 0):
+            raise ValueError("known_columns must be distinct columns of a store with a horizon")
+        static = self.static_columns or []
+        if len(set(static)) != len(static) or set(static) & set(self.columns or []):
+            raise ValueError("static_columns must be distinct and not feature columns")
+        if self.static_statistics is not None and {
+                len(self.static_statistics.mean), len(self.static_statistics.std)} != {
+                len(static)}:
+            raise ValueError(f"static statistics must have {len(static)} values each")
         stats = self.normalization
         if stats is not None and {len(stats.mean), len(stats.std), len(stats.min),
                                   len(stats.max)} != {columns}:
@@ -206,6 +222,9 @@ class Manifest:
     store_id: str
     files: list[FileEntry] = field(default_factory=list)
     target_columns: list[str] | None = None  # y holds only these columns
+    known_columns: list[str] | None = None  # future_known holds these over the horizon
+    static_columns: list[str] | None = None  # one value per series (series.parquet)
+    static_statistics: dict[str, Any] | None = None  # of the training series' values
     format_version: int = FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -242,6 +261,9 @@ class Manifest:
         return cls(
             format=model.format, dtype=model.dtype, step_shape=tuple(model.step_shape),
             columns=model.columns, target_columns=model.target_columns,
+            known_columns=model.known_columns, static_columns=model.static_columns,
+            static_statistics=(model.static_statistics.model_dump()
+                               if model.static_statistics else None),
             window=WindowSpec(**model.window.model_dump()), total_rows=model.total_rows,
             block_rows=model.block_rows,
             splits={name: split.model_dump() for name, split in model.splits.items()},

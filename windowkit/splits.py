@@ -12,6 +12,16 @@ would straddle two ranges are dropped.
   permutation, in proportion to the fractions.
 - ``at=[T1, T2]``: cut points in time (rows before ``T1``, from ``T1`` to
   ``T2``, from ``T2`` on), for sources with a time column.
+
+The split context says what a window of a validation or test split may read:
+
+- ``"none"`` (default): all its rows lie in the split, as above.
+- ``"history"`` (forecasting): its *targets* (the horizon's rows) lie in the
+  split, and its inputs may come from the rows before, another split's
+  included. Training windows still lie wholly in the training rows, so no
+  target of a validation or test window is ever in a training window. With no
+  horizon it is the same as ``"none"``; with ``by="series"`` it changes
+  nothing (a series' rows all lie in one split).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import numpy as np
 from windowkit.errors import InvalidSpecError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+SPLIT_CONTEXTS = ("none", "history")
 
 
 def parse_fractions(value: str | Mapping[str, float] | None) -> dict[str, float] | None:
@@ -101,10 +112,26 @@ class SplitPlan:
             ranges[s, :, 0], ranges[s, :, 1] = bounds[:-1], bounds[1:]
         return cls(tuple(names), ranges)
 
+    @property
+    def train_split(self) -> int:
+        """The training split: ``"train"``, else the first."""
+        return self.names.index("train") if "train" in self.names else 0
+
     def train_ranges(self) -> np.ndarray:
         """``[series, 2]`` row ranges whose rows feed the normalization statistics."""
-        k = self.names.index("train") if "train" in self.names else 0
-        return np.ascontiguousarray(self.ranges[:, k, :])
+        return np.ascontiguousarray(self.ranges[:, self.train_split, :])
+
+    def window_ranges(self, k: int, *, context: str, history_rows: int) -> np.ndarray:
+        """``[series, 2]`` row ranges that split ``k``'s windows lie in: its own
+        rows; with ``context="history"`` (a split other than training), also the
+        ``history_rows`` rows before them, which only a window's inputs reach
+        (``L * sampling_rate``: a window starting there has its first target
+        on the split's first row)."""
+        ranges = np.array(self.ranges[:, k, :])
+        if context == "history" and k != self.train_split and history_rows > 0:
+            has_rows = ranges[:, 1] > ranges[:, 0]
+            ranges[has_rows, 0] = np.maximum(0, ranges[has_rows, 0] - history_rows)
+        return ranges
 
     def key(self) -> list[Any]:
         return [list(self.names), self.ranges.tolist()]

@@ -15,7 +15,7 @@ from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError, c
 from windowkit.formats import RowReader
 from windowkit.index import WindowRuns, iter_index
 from windowkit.location import open_parquet, resolve
-from windowkit.manifest import Manifest, StoreGuard
+from windowkit.manifest import STATIC_PREFIX, Manifest, StoreGuard
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MEMORY_BUDGET,
@@ -24,6 +24,7 @@ from windowkit.readers import (
     WindowGather,
     check_shuffle,
 )
+from windowkit.readers._parts import series_of
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
     from windowkit.readers.keras import WindowPyDataset
 
-Windows = np.ndarray | tuple[np.ndarray, np.ndarray]
+Windows = Any  # x, (x, y), or with parts a dict x: see windowkit.readers._parts
 
 
 def open_store(path: str | os.PathLike[str], *,
@@ -98,13 +99,36 @@ class Store:
     def step_shape(self) -> tuple[int, ...]:
         return self.manifest.step_shape
 
-    @cached_property
-    def target_index(self) -> np.ndarray | None:
-        """Positions of the target columns among the columns (None: y has every column)."""
-        names, columns = self.manifest.target_columns, self.manifest.columns
+    def _positions(self, names: list[str] | None) -> np.ndarray | None:
+        """Positions of the columns ``names`` among the store's columns (None: none)."""
+        columns = self.manifest.columns
         if not names or not columns:
             return None
         return np.array([columns.index(name) for name in names], dtype=np.int64)
+
+    @cached_property
+    def target_index(self) -> np.ndarray | None:
+        """Positions of the target columns among the columns (None: y has every column)."""
+        return self._positions(self.manifest.target_columns)
+
+    @cached_property
+    def known_index(self) -> np.ndarray | None:
+        """Positions of the known-future columns among the columns (None: none)."""
+        return self._positions(self.manifest.known_columns)
+
+    @cached_property
+    def static_values(self) -> np.ndarray | None:
+        """``[series, S]`` float64: each series' static features (None: none)."""
+        names = self.manifest.static_columns
+        if not names:
+            return None
+        table = self.series_table
+        missing = [n for n in names if STATIC_PREFIX + n not in table.column_names]
+        if missing:
+            raise StoreError(f"{self.path / 'series.parquet'}: no column "
+                             f"{STATIC_PREFIX + missing[0]!r} for static feature {missing[0]!r}")
+        return np.column_stack([table.column(STATIC_PREFIX + n).to_numpy().astype(np.float64)
+                                for n in names])
 
     @property
     def splits(self) -> list[str]:
@@ -178,7 +202,8 @@ class Store:
                          step_shape=self.step_shape, total_rows=m.total_rows,
                          block_rows=m.block_rows, data=m.data, store_id=m.store_id,
                          statistics=m.normalization, target_index=self.target_index,
-                         guard=self.guard)
+                         known_index=self.known_index, static_values=self.static_values,
+                         static_statistics=m.static_statistics, guard=self.guard)
 
     def read_plan(self, split: str = "train") -> ReadPlan:
         """What a reader needs to read ``split``: the rows and the split's windows."""
@@ -195,20 +220,24 @@ class Store:
     def normalizer(self) -> Normalizer:
         return self.rows.normalizer()
 
-    def windows(self, split: str, positions: Any, *, normalize: bool = False) -> Windows:
+    def windows(self, split: str, positions: Any, *, normalize: bool = False,
+                return_series: bool = False) -> Windows:
         """Windows at ``positions`` of the split's index (random access): ``x`` or,
-        with a horizon, ``(x, y)``."""
+        with a horizon, ``(x, y)``; ``x`` is a dict of parts (``inputs``,
+        ``future_known``, ``series``) when the store has known-future columns or
+        ``return_series`` (see :mod:`windowkit.readers._parts`)."""
         self._split(split)
-        starts = self.runs(split).global_starts(np.asarray(positions, dtype=np.int64).ravel())
+        runs = self.runs(split)
+        starts = runs.global_starts(np.asarray(positions, dtype=np.int64).ravel())
         with self._lock:
             if self._gather is None:
                 self._gather = self.window_gather()
             gather = self._gather
-        x, y = gather(starts)
-        if normalize:
-            x = self.rows.normalizer()(x)
-            y = self.rows.target_normalizer()(y) if y is not None else None
-        return x if y is None else (x, y)
+        parts = self.rows.parts(return_series)
+        x, y_all = gather.resolve(starts, None)
+        series = series_of(runs.row_offset, starts) if parts.series else None
+        return parts.assemble(x, y_all, series, targets=self.target_index,
+                              norm=self.rows.normalizer() if normalize else None)
 
     def _shard_plan(self, split: str, num_shards: int | None, shard_index: int | None
                     ) -> ReadPlan:
@@ -225,7 +254,8 @@ class Store:
                    cache_bytes: int = DEFAULT_CACHE_BYTES,
                    memory_budget: int = DEFAULT_MEMORY_BUDGET, num_shards: int | None = None,
                    shard_index: int | None = None, input_context: Any = None,
-                   device: str | None = None) -> tf.data.Dataset:
+                   device: str | None = None, service: str | None = None,
+                   return_series: bool = False) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of batches of windows: ``x``, or ``(x, y)`` with a horizon.
 
         Every window of the split comes once per epoch; each iteration of the
@@ -240,6 +270,11 @@ class Store:
         picks the shard and turns the global ``batch_size`` into the replica's.
         ``device`` (e.g. ``"/GPU:0"``) prefetches batches into that device's
         memory. An iterator saves and restores with ``tf.train.Checkpoint``.
+        ``service`` (a tf.data dispatcher's address, TFRecord stores): the
+        split's files are read by the service's workers, each file by one
+        worker per epoch, windows mixed in a buffer of ``cache_bytes``.
+        With known-future columns in the store, or ``return_series``, ``x`` is
+        a dict ``{"inputs", "future_known", "series"}`` (the keys configured).
         """
         check_int("batch_size", batch_size, 1)
         mode = check_shuffle(shuffle)
@@ -261,7 +296,8 @@ class Store:
         return tf_dataset(plan, batch_size=batch_size, shuffle=mode, seed=seed,
                           drop_remainder=drop_remainder, normalize=normalize,
                           shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes,
-                          memory_budget=memory_budget, device=device)
+                          memory_budget=memory_budget, device=device, service=service,
+                          return_series=return_series)
 
     def keras_dataset(self, split: str = "train", batch_size: int = 256, *,
                       shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
@@ -269,12 +305,12 @@ class Store:
                       use_multiprocessing: bool = False, max_queue_size: int = 10,
                       cache_bytes: int = DEFAULT_CACHE_BYTES,
                       memory_budget: int = DEFAULT_MEMORY_BUDGET,
-                      num_shards: int | None = None, shard_index: int | None = None
-                      ) -> WindowPyDataset:
+                      num_shards: int | None = None, shard_index: int | None = None,
+                      return_series: bool = False) -> WindowPyDataset:
         """A ``keras.utils.PyDataset`` of batches of windows, a
         :class:`windowkit.readers.keras.WindowPyDataset` (see that module);
-        ``shuffle``, ``memory_budget`` and the shard arguments as for
-        :meth:`tf_dataset`."""
+        ``shuffle``, ``memory_budget``, the shard arguments and
+        ``return_series`` as for :meth:`tf_dataset`."""
         from windowkit.readers.keras import WindowPyDataset
 
         return WindowPyDataset(self._shard_plan(split, num_shards, shard_index), batch_size,
@@ -282,4 +318,4 @@ class Store:
                                drop_remainder=drop_remainder, normalize=normalize,
                                workers=workers, use_multiprocessing=use_multiprocessing,
                                max_queue_size=max_queue_size, cache_bytes=cache_bytes,
-                               memory_budget=memory_budget)
+                               memory_budget=memory_budget, return_series=return_series)

@@ -146,28 +146,84 @@ def child_permuted(source_dir: str) -> dict[str, Any]:
 
 def child_mixing(store_path: str, shuffle: str) -> dict[str, Any]:
     """Distinct series and storage blocks per batch of one epoch, next to what a
-    uniform permutation of the same windows gives (the store's feature 0 holds
-    the series number, feature 1 the row)."""
+    uniform permutation of the same windows gives (``windowkit bench``'s figures)."""
+    from dataclasses import asdict
+
+    import windowkit as wk
+    from windowkit.bench import batch_mixing
+
+    mixing = batch_mixing(wk.open_store(store_path), split="train", batch_size=BATCH,
+                          reader="tf", shuffle=shuffle, seed=0)
+    return asdict(mixing)
+
+
+def child_shard(store_path: str, num_shards: str, shard_index: str, shuffle: str
+                ) -> dict[str, Any]:
+    """One epoch of one shard: windows, seconds, and the bytes this process read
+    from files meanwhile (``read_chars``: page cache included)."""
+    import psutil
+    import tensorflow  # noqa: F401  (its own files are not the store's)
+
     import windowkit as wk
 
     store = wk.open_store(store_path)
+    io = psutil.Process().io_counters
+    before, start = io().read_chars, time.perf_counter()
     ds = store.tf_dataset("train", BATCH, shuffle=True if shuffle == "blocks" else shuffle,
-                          seed=0, drop_remainder=True)
-    offsets = store.series_table.column("row_offset").to_numpy().astype(np.int64)
-    block_rows = store.manifest.block_rows
+                          seed=0, num_shards=int(num_shards), shard_index=int(shard_index))
+    windows = sum(int(b.shape[0]) for b in ds)
+    seconds = time.perf_counter() - start
+    return {"windows": windows, "seconds": seconds, "windows_s": windows / seconds,
+            "read_bytes": io().read_chars - before, "peak_rss_mb": peak_rss_mb()}
 
-    def mixing(series: np.ndarray, rows: np.ndarray) -> tuple[float, float]:
-        blocks = (offsets[series] + rows) // block_rows
-        per = series.reshape(-1, BATCH), blocks.reshape(-1, BATCH)
-        return (float(np.mean([len(np.unique(b)) for b in per[0]])),
-                float(np.mean([len(np.unique(b)) for b in per[1]])))
 
-    firsts = np.concatenate([b.numpy()[:, 0, :2] for b in ds]).astype(np.int64)
-    got = mixing(firsts[:, 0], firsts[:, 1])
-    everything = firsts[np.random.default_rng(0).permutation(len(firsts))]
-    uniform = mixing(everything[:, 0], everything[:, 1])
-    return {"series": got[0], "blocks": got[1], "uniform_series": uniform[0],
-            "uniform_blocks": uniform[1]}
+def child_parts(store_path: str, reader: str, parts: str) -> dict[str, Any]:
+    """One epoch (after 5 warm-up batches) of plain ``(x, y)`` batches, or of
+    dict batches (``inputs``, ``future_known``, ``series``)."""
+    import windowkit as wk
+
+    store = wk.open_store(store_path)
+    series = parts == "dict"
+    if reader == "tf":  # consumed in the graph, as model.fit does (not tensor by tensor)
+        import tensorflow as tf
+
+        it = iter(store.tf_dataset("train", BATCH, seed=0, return_series=series))
+        first = next(it)
+        assert isinstance(first[0], dict) == series, "the store does not give the asked batches"
+        for _ in range(5):  # warm-up
+            next(it)
+
+        @tf.function
+        def drain(iterator: Any) -> Any:
+            count = tf.constant(0, tf.int64)
+            for x, _ in iterator:
+                count += tf.shape(x["inputs"] if series else x, out_type=tf.int64)[0]
+            return count
+
+        drain.get_concrete_function(it)  # traced before the clock starts
+        start = time.perf_counter()
+        windows = int(drain(it))
+        seconds = time.perf_counter() - start
+        return {"windows_s": windows / seconds, "windows": windows,
+                "peak_rss_mb": peak_rss_mb()}
+    else:
+        keras_ds = store.keras_dataset("train", BATCH, seed=0, return_series=series)
+        batches = (keras_ds[i] for i in range(len(keras_ds)))
+    first = next(iter(batches))
+    assert isinstance(first[0], dict) == series, "the store does not give the asked batches"
+    windows, seconds = _time_batches(
+        (x["inputs"] if isinstance(x, dict) else x for x, _ in batches), None)
+    return {"windows_s": windows / seconds, "windows": windows, "peak_rss_mb": peak_rss_mb()}
+
+
+def child_forecast_convert(source: str, out: str, fmt: str, known: str) -> dict[str, Any]:
+    """The forecasting stores: targets only (plain batches), or with known columns."""
+    import windowkit as wk
+
+    wk.convert(source, out, format=fmt, window=wk.WindowSpec(LENGTH, horizon=8),
+               target_columns=["0"], known_columns=["1", "2", "3"] if known == "yes" else None,
+               overwrite=True)
+    return {}
 
 
 def child_tf_import() -> dict[str, Any]:
@@ -192,7 +248,8 @@ def child_convert_csv(source: str, out: str, fmt: str) -> dict[str, Any]:
 CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "convert": child_convert, "convert_csv": child_convert_csv, "windowkit": child_windowkit,
     "keras": child_keras, "materialized": child_materialized, "tf_import": child_tf_import,
-    "permuted": child_permuted, "mixing": child_mixing,
+    "permuted": child_permuted, "mixing": child_mixing, "shard": child_shard,
+    "parts": child_parts, "forecast_convert": child_forecast_convert,
 }
 
 
@@ -266,28 +323,21 @@ def throughput(rounds: int) -> None:
           f"materialized windows: {m['materialized_bytes'] / 2**20:.0f} MiB")
 
 
-def _make_tagged_data(source_dir: Path) -> None:
-    """The throughput data's shapes, feature 0 the series number, feature 1 the row."""
-    if source_dir.exists() and len(list(source_dir.glob("*.npy"))) == SERIES:
-        return
-    source_dir.mkdir(parents=True, exist_ok=True)
-    for i in range(SERIES):
-        values = np.zeros((ROWS, FEATURES), dtype=np.float32)
-        values[:, 0], values[:, 1] = i, np.arange(ROWS)
-        np.save(source_dir / f"series_{i:02d}.npy", values)
+def _run_children_at_once(*arg_lists: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Run several measurements at the same time, one process each."""
+    with ThreadPoolExecutor(len(arg_lists)) as pool:
+        return list(pool.map(lambda args: _run_child(*args), arg_lists))
 
 
 def shuffling(rounds: int) -> None:
-    """Global shuffle against every window materialized and permuted once, and how
-    well each mode mixes a batch, in one run."""
-    source_dir, tagged_dir = OUT / "throughput-src", OUT / "tagged-src"
+    """Global shuffle against every window materialized and permuted once, how
+    well each mode mixes a batch, and 2-way sharded reading, in one run."""
+    source_dir = OUT / "throughput-src"
     _make_throughput_data(source_dir)
-    _make_tagged_data(tagged_dir)
     formats = _formats()
     for f in formats:
         if not (OUT / f"throughput-{f}" / "windowkit.json").exists():
             _run_child("convert", str(source_dir / "*.npy"), str(OUT / f"throughput-{f}"), f)
-        _run_child("convert", str(tagged_dir / "*.npy"), str(OUT / f"tagged-{f}"), f)
     runs: dict[str, list[dict[str, Any]]] = {"permuted": []}
     for _ in range(rounds):  # alternate, so every reader sees the same machine load
         runs["permuted"].append(_run_child("permuted", str(source_dir)))
@@ -304,12 +354,63 @@ def shuffling(rounds: int) -> None:
     for f in formats:
         for mode in ("global", "blocks"):
             r = best[f"{f} {mode}"]
-            mix = _run_child("mixing", str(OUT / f"tagged-{f}"), mode)
+            mix = _run_child("mixing", str(OUT / f"throughput-{f}"), mode)
             print(f"{f + ' ' + mode:<22}{r['windows_s']:>11,.0f}{r['windows_s'] / base:>12.2f}x"
                   f"{r['peak_rss_mb']:>8.0f} MB{mix['series']:>8.1f} of {mix['uniform_series']:.1f}"
                   f"{mix['blocks']:>8.1f} of {mix['uniform_blocks']:.1f}")
     p = best["permuted"]
     print(f"{'materialized, permuted':<22}{base:>11,.0f}{1:>12.2f}x{p['peak_rss_mb']:>8.0f} MB")
+    sharding(formats, rounds)
+
+
+def sharding(formats: list[str], rounds: int) -> None:
+    """Each format read whole by one process, then as 2 shards by two processes
+    at once: windows/s and bytes each read (a shard must read only its half)."""
+    print(f"2-way sharded reading: one epoch each, best of {rounds}; the shards run at the "
+          f"same time, one process each; MB read: bytes read from files during the epoch")
+    print(f"{'tf_dataset':<18}{'whole: windows/s':>17}{'MB read':>9}   "
+          f"{'shard 0: windows, /s, MB read':>31}   {'shard 1':>27}   {'together':>12}")
+    for f in formats:
+        store = str(OUT / f"throughput-{f}")
+        data_mb = _disk_bytes(OUT / f"throughput-{f}") / 1e6
+        for mode in ("blocks", "global"):
+            whole = max((_run_child("shard", store, "1", "0", mode) for _ in range(rounds)),
+                        key=lambda r: r["windows_s"])
+            tries = [_run_children_at_once(("shard", store, "2", "0", mode),
+                                           ("shard", store, "2", "1", mode))
+                     for _ in range(rounds)]
+            shards = max(tries, key=lambda t: sum(r["windows"] for r in t)
+                         / max(r["seconds"] for r in t))
+            together = sum(r["windows"] for r in shards) / max(r["seconds"] for r in shards)
+            cells = "   ".join(f"{r['windows']:>9,}{r['windows_s']:>11,.0f}"
+                               f"{r['read_bytes'] / 1e6:>9.1f}" for r in shards)
+            print(f"{f + ' ' + mode:<18}{whole['windows_s']:>17,.0f}"
+                  f"{whole['read_bytes'] / 1e6:>9.1f}   {cells}   {together:>10,.0f}/s"
+                  f"  ({together / whole['windows_s']:.2f}x whole; data {data_mb:.1f} MB)")
+
+
+def forecasting(rounds: int) -> None:
+    """Dict batches (known-future columns and series ids) against plain ``(x, y)``
+    batches of the same store, each reader, in one run."""
+    source_dir = OUT / "throughput-src"
+    _make_throughput_data(source_dir)
+    print(f"forecasting stores: the throughput data, L={LENGTH}, horizon 8, target column 0; "
+          f"plain: (x, y) batches; dict: known columns 1-3 and return_series=True; "
+          f"batch {BATCH}, one epoch each after 5 warm-up batches, best of {rounds}")
+    print(f"{'reader':<22}{'(x, y) windows/s':>18}{'dict windows/s':>16}{'dict / plain':>14}")
+    for f in _formats():
+        stores = {"plain": OUT / f"forecast-plain-{f}", "dict": OUT / f"forecast-{f}"}
+        for parts, store in stores.items():
+            _run_child("forecast_convert", str(source_dir / "*.npy"), str(store), f,
+                       "yes" if parts == "dict" else "no")
+        for reader in ("tf", "keras"):
+            runs: dict[str, list[float]] = {"plain": [], "dict": []}
+            for _ in range(rounds):  # alternate, so both see the same machine load
+                for parts, store in stores.items():
+                    runs[parts].append(_run_child("parts", str(store), reader,
+                                                  parts)["windows_s"])
+            plain, dict_ = max(runs["plain"]), max(runs["dict"])
+            print(f"{f + ' ' + reader:<22}{plain:>18,.0f}{dict_:>16,.0f}{dict_ / plain:>13.2f}x")
 
 
 def _memory_source(gib: float) -> tuple[Path, int]:
@@ -467,6 +568,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="size of the interleaved CSV grouped in memory (0: skip)")
     p = sub.add_parser("shuffling")
     p.add_argument("--rounds", type=int, default=2)
+    p = sub.add_parser("forecasting")
+    p.add_argument("--rounds", type=int, default=2)
     p = sub.add_parser("child")
     p.add_argument("name", choices=sorted(CHILDREN))
     p.add_argument("args", nargs="*")
@@ -477,6 +580,8 @@ def main(argv: list[str] | None = None) -> None:
         memory(args.gib)
     elif args.command == "shuffling":
         shuffling(args.rounds)
+    elif args.command == "forecasting":
+        forecasting(args.rounds)
     elif args.command == "csv":
         csv(args.gib, args.interleaved_gib)
     else:

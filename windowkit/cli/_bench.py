@@ -15,6 +15,9 @@ from windowkit.cli._common import one_line_errors
 @click.option("--batch-size", type=int, default=256, show_default=True, help="Windows per batch.")
 @click.option("--reader", type=click.Choice(["tf", "keras"]), default="tf", show_default=True,
               help="tf: Store.tf_dataset; keras: Store.keras_dataset.")
+@click.option("--shuffle", type=click.Choice(["blocks", "global", "none"]), default="blocks",
+              show_default=True,
+              help="The reader's shuffle: blocks (shuffle=True), global, none (False).")
 @click.option("--batches", type=int, default=None,
               help="Batches to time after the warm-up [default: the rest of one epoch].")
 @click.option("--warmup", type=int, default=5, show_default=True,
@@ -26,15 +29,16 @@ from windowkit.cli._common import one_line_errors
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed.")
 @one_line_errors
-def bench(store_path: str, split: str, batch_size: int, reader: str, batches: int | None,
+def bench(store_path: str, split: str, batch_size: int, reader: str, shuffle: str,
+          batches: int | None,
           warmup: int, baseline: bool, plot_path: str | None, as_json: bool, seed: int) -> None:
     """Measure how fast STORE's reader delivers windows, and where the time goes."""
     from windowkit.bench import plot, render, run_bench
     from windowkit.store import open_store
 
     report = run_bench(open_store(store_path), split=split, batch_size=batch_size,
-                       reader=reader, batches=batches, warmup=warmup, baseline=baseline,
-                       seed=seed)
+                       reader=reader, shuffle=shuffle, batches=batches, warmup=warmup,
+                       baseline=baseline, seed=seed)
     if plot_path:
         plot(report, plot_path)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render(report))

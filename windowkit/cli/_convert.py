@@ -34,6 +34,12 @@ from windowkit.formats import FORMAT_NAMES
 @click.option("--target-columns", default=None,
               help="Columns the targets y hold, comma-separated (needs --horizon) "
                    "[default: all].")
+@click.option("--static-columns", default=None,
+              help="Table sources: columns constant within each series (kept once per "
+                   "series, not as features); batches carry them as static.")
+@click.option("--known-columns", default=None,
+              help="Feature columns whose future values are known ahead (calendar, planned "
+                   "prices): batches carry them over the horizon (needs --horizon).")
 @click.option("--sort-memory", type=ByteSize(), default="1GiB", show_default=True,
               help="Largest long table (its size in memory) whose interleaved series "
                    "are grouped in memory; a larger one is refused.")
@@ -47,6 +53,10 @@ from windowkit.formats import FORMAT_NAMES
               "(seeded by --seed).")
 @click.option("--split-at", default=None,
               help="Split at points in time instead, e.g. 2020-01-01,2022-01-01 or 2015,2018.")
+@click.option("--split-context", type=click.Choice(["none", "history"]), default="none",
+              show_default=True,
+              help="history: a val/test window's inputs may come from the rows before its "
+                   "split (its targets lie in the split); none: all its rows do.")
 @click.option("--nan", type=click.Choice(["error", "skip"]), default="error", show_default=True,
               help="NaN, infinite or empty values: refuse them, or keep the rows and leave "
                    "out every window touching them.")
@@ -78,7 +88,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             dask_address: str | None,
             overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
-            split_at: str | None, nan: str, target_columns: str | None,
+            split_at: str | None, split_context: str, nan: str, target_columns: str | None,
+            known_columns: str | None, static_columns: str | None,
             sort_memory: int, time_format: str | None) -> None:
     """Convert SOURCES into a store: .npy files or globs (one series each), or one
     CSV or Parquet table (long form with --series-col, or one wide series).
@@ -98,8 +109,11 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
                         progress=not quiet, series_col=series_col, time_col=time_col,
                         columns=[c.strip() for c in columns.split(",")] if columns else None,
                         max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,
-                        nan=nan, target_columns=target_columns.split(",")
-                        if target_columns else None, sort_memory=sort_memory,
+                        split_context=split_context, nan=nan,
+                        target_columns=target_columns.split(",") if target_columns else None,
+                        known_columns=known_columns.split(",") if known_columns else None,
+                        static_columns=static_columns.split(",") if static_columns else None,
+                        sort_memory=sort_memory,
                         time_format=time_format)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)

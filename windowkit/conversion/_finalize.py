@@ -19,7 +19,7 @@ from windowkit.conversion._shards import ShardResult, merged_stats
 from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import ConvertOptions
 from windowkit.index import IndexWriter, stretches_without
-from windowkit.manifest import FileEntry, Manifest
+from windowkit.manifest import STATIC_PREFIX, FileEntry, Manifest
 from windowkit.sources import Series, StagedSeries
 
 log = logging.getLogger("windowkit")
@@ -41,14 +41,17 @@ def write_index_tables(root: Path, plan: StorePlan, missing: np.ndarray) -> Inde
     shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its shards
     (root / "index").mkdir()
     summary = IndexSummary({}, np.zeros(len(plan.series), dtype=np.int64))
+    spec = plan.layout.window
+    history = spec.length * spec.sampling_rate if spec.horizon else 0
     for k, name in enumerate(plan.splits.names):
         writer = IndexWriter(root / "index" / f"{name}.parquet", plan.layout.window)
         times: list[int] = []
+        reach = plan.splits.window_ranges(k, context=plan.split_context, history_rows=history)
         for sid, series in enumerate(plan.series):
             lo, hi = (int(v) for v in plan.splits.ranges[sid, k])
             if hi > lo:
-                _index_series(writer, summary, plan, sid, (lo, hi), missing)
-                times += _time_range(series, lo, hi)
+                _index_series(writer, summary, plan, sid, (int(reach[sid, 0]), hi), missing)
+                times += _time_range(series, lo, hi)  # the split's own rows: its targets
         writer.close()
         summary.splits[name] = {"windows": writer.windows, "index": f"index/{name}.parquet",
                                 "first_time": min(times) if times else None,
@@ -91,7 +94,24 @@ def write_series_table(root: Path, plan: StorePlan, windows_per_series: np.ndarr
         for name, attr in (("first_time", "first_time"), ("last_time", "last_time"),
                            ("step", "time_step")):
             columns[name] = pa.array([getattr(s, attr) for s in series], type=pa.int64())
+    for k, name in enumerate(plan.static_columns or []):
+        assert plan.static_values is not None
+        columns[STATIC_PREFIX + name] = pa.array(plan.static_values[:, k])
     pq.write_table(pa.table(columns), root / "series.parquet", write_page_checksum=True)
+
+
+def static_statistics(plan: StorePlan) -> dict[str, Any] | None:
+    """Count, mean, std, min and max of each static feature over the series with
+    training rows (what ``normalize=True`` uses for the ``static`` part)."""
+    if plan.static_values is None:
+        return None
+    ranges = plan.splits.train_ranges()
+    values = plan.static_values[ranges[:, 1] > ranges[:, 0]]
+    if not len(values):
+        return None
+    return {"count": len(values), "mean": values.mean(axis=0).tolist(),
+            "std": values.std(axis=0).tolist(), "min": values.min(axis=0).tolist(),
+            "max": values.max(axis=0).tolist()}
 
 
 def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
@@ -111,7 +131,9 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
     first = plan.series[0]
     return Manifest(
         format=options.format, dtype=layout.dtype.name, step_shape=layout.step_shape,
-        columns=plan.columns, target_columns=plan.target_columns, window=layout.window,
+        columns=plan.columns, target_columns=plan.target_columns,
+        known_columns=plan.known_columns, static_columns=plan.static_columns,
+        static_statistics=static_statistics(plan), window=layout.window,
         total_rows=layout.total_rows, block_rows=layout.block_rows, splits=index.splits,
         series={"count": len(plan.series),
                 "too_short": int((plan.placement.rows < layout.window.span).sum()),
@@ -126,7 +148,7 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
         options={"compression": options.compression, "seed": options.seed,
                  "block_rows": options.block_rows, "shard_size": options.shard_size,
                  "shards": options.shards, "windowkit": __version__, "nan": options.nan,
-                 "split": names,
+                 "split": names, "split_context": options.split.context,
                  "normalization_rows": "train" if "train" in names else names[0]},
         source_fingerprint=plan.fingerprint, store_id=plan.store_id,
         # shard files are in the workspace, or (for a URL target) already uploaded

@@ -64,8 +64,12 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             time_col: str | None = None, columns: Sequence[str] | None = None,
             max_gap: str | int | None = None,
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
-            split_at: str | Sequence[str | int] | None = None, nan: str = "error",
+            split_at: str | Sequence[str | int] | None = None, split_context: str = "none",
+            nan: str = "error",
             target_columns: Sequence[str] | None = None,
+            known_columns: Sequence[str] | None = None,
+            static_columns: Sequence[str] | None = None,
+            static: Mapping[str, Any] | None = None,
             sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None,
             storage_options: dict[str, Any] | None = None, dask: Any = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
@@ -101,10 +105,21 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     each series chronologically (``split_by="series"``: whole series, seeded by
     ``seed``), or ``split_at`` cuts at points in time; windows that would share
     a row with another split are dropped (:mod:`windowkit.splits`).
-    Normalization statistics come from the training rows only.
+    ``split_context="history"`` (forecasting, with a horizon) lets a validation
+    or test window take its inputs from the rows before its split: it belongs
+    to the split holding its targets. Normalization statistics come from the
+    training rows only.
 
     ``target_columns`` (with a horizon) makes targets ``y`` hold only those
     feature columns, ``[H, len(target_columns)]``; inputs keep every column.
+    ``known_columns`` (with a horizon) are features whose future values are
+    known ahead (calendar, planned prices): batches then also carry their
+    values over the horizon, ``future_known [H, K]``. ``static_columns``
+    (tables) are columns constant within each series, kept once per series in
+    ``series.parquet`` rather than as features (a value that changes is an
+    error naming series, row and column); for arrays, ``static`` maps each
+    static feature's name to one value per series. Batches then carry
+    ``static [S]`` and the window's ``series``.
 
     ``nan="error"`` refuses NaN, infinity and empty table values, naming series,
     row and column; ``nan="skip"`` keeps those rows and leaves every window
@@ -113,10 +128,11 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     from windowkit.store import open_store
 
     table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap,
-                         time_format)
+                         time_format, tuple(static_columns) if static_columns else None)
     options = ConvertOptions.of(
         format=format, window=window, compression=compression, splits=splits,
-        split_by=split_by, split_at=split_at, table=table, target_columns=target_columns,
+        split_by=split_by, split_at=split_at, split_context=split_context, table=table,
+        target_columns=target_columns, known_columns=known_columns, static=static,
         seed=seed, block_rows=block_rows, shard_size=shard_size, shards=shards,
         workers=workers, dask=dask, overwrite=overwrite, progress=progress, nan=nan,
         sort_memory=sort_memory)
@@ -159,8 +175,9 @@ def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
 
 def _open_arrays(source: SourceLike, table: TableOptions) -> list[Series]:
     if table != TableOptions():
-        raise InvalidSpecError("series_col, time_col, time_format, columns and max_gap "
-                               "apply to table sources (CSV, Parquet, DataFrame) only")
+        raise InvalidSpecError("series_col, time_col, time_format, columns, max_gap and "
+                               "static_columns apply to table sources (CSV, Parquet, "
+                               "DataFrame) only; for arrays pass static={name: values}")
     return open_sources(source)
 
 

@@ -36,8 +36,12 @@ class StorePlan:
     splits: SplitPlan
     columns: list[str] | None
     target_columns: list[str] | None
+    known_columns: list[str] | None  # values known over the horizon (future_known)
     fingerprint: str  # of the sources
     key: str  # of everything the data files depend on: resume only the same plan
+    split_context: str = "none"  # what val/test windows may read (windowkit.splits)
+    static_columns: list[str] | None = None  # one value per series (series.parquet)
+    static_values: np.ndarray | None = None  # float64 [series, static columns]
 
     @property
     def store_id(self) -> str:
@@ -83,11 +87,15 @@ def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
     splits = options.split.plan(series)
     fingerprint = _fingerprint(series)
     key = _plan_key(fingerprint, options, layout, tasks, splits)
-    targets = _resolve_targets(options.target_columns, series, spec)
+    static_names, static_values = _static_features(series, options)
+    targets = _resolve_columns("target", options.target_columns, series, spec, static_names)
+    known = _resolve_columns("known", options.known_columns, series, spec, static_names)
     layout = dataclasses.replace(layout, store_id=_store_id(key, options, targets))
     return StorePlan(format=options.format, series=series, layout=layout, placement=placement,
                      tasks=tasks, splits=splits, columns=column_names(series),
-                     target_columns=targets, fingerprint=fingerprint, key=key)
+                     target_columns=targets, known_columns=known, fingerprint=fingerprint,
+                     key=key, split_context=options.split.context,
+                     static_columns=static_names, static_values=static_values)
 
 
 def _check_some_window(series: list[Series], spec: WindowSpec) -> None:
@@ -137,7 +145,13 @@ def _store_id(plan_key: str, options: ConvertOptions, targets: list[str] | None)
     same conversion (resumed, or on other workers) gives the same store."""
     table = options.table
     key = json.dumps([plan_key, [table.series_col, table.time_col, table.columns,
-                                 str(table.max_gap), table.time_format], targets],
+                                 str(table.max_gap), table.time_format], targets]
+                     + ([list(options.known_columns)] if options.known_columns else [])
+                     + ([list(options.table.static_columns)] if options.table.static_columns
+                        else [])
+                     + ([{k: np.asarray(v, dtype=np.float64).tolist()
+                          for k, v in options.static.items()}] if options.static else [])
+                     + ([options.split.context] if options.split.context != "none" else []),
                      sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -151,17 +165,54 @@ def column_names(series: list[Series]) -> list[str] | None:
     return [f"f{i}" for i in range(first.step_shape[0])] if first.step_shape else None
 
 
-def _resolve_targets(names: Sequence[str] | None, series: list[Series],
-                     spec: WindowSpec) -> list[str] | None:
-    """The target columns by name (a feature's name, or its position for arrays)."""
+def _static_features(series: list[Series], options: ConvertOptions
+                     ) -> tuple[list[str] | None, np.ndarray | None]:
+    """The static features' names and values (``[series, S]`` float64): a table's
+    static columns, or the ``static`` mapping given with arrays."""
+    table_static = options.table.static_columns
+    if table_static:
+        return list(table_static), np.array([getattr(s, "static", ()) for s in series],
+                                            dtype=np.float64)
+    if not options.static:
+        return None, None
+    if isinstance(series[0], StagedSeries):
+        raise InvalidSpecError("static= is for array sources; name a table's static "
+                               "columns with static_columns=")
+    names, values = [], []
+    for name, given in options.static.items():
+        try:
+            column = np.asarray(given, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise InvalidSpecError(f"static {name!r}: the values are not numbers") from None
+        if len(column) != len(series):
+            raise InvalidSpecError(f"static {name!r} holds {len(column)} values; there are "
+                                   f"{len(series)} series, one value each")
+        if not np.isfinite(column).all():
+            at = int(np.flatnonzero(~np.isfinite(column))[0])
+            raise InvalidSpecError(f"static {name!r}: series {at} ({series[at].key}) has a "
+                                   "NaN or infinite value")
+        names.append(str(name))
+        values.append(column)
+    return names, np.column_stack(values)
+
+
+def _resolve_columns(role: str, names: Sequence[str] | None, series: list[Series],
+                     spec: WindowSpec, static: list[str] | None = None) -> list[str] | None:
+    """The ``role`` columns (``target``: what ``y`` holds; ``known``: values known
+    over the horizon) by name: a feature's name, or its position for arrays."""
     if not names:
         return None
+    for name in (str(n).strip() for n in names):
+        if name in (static or []):
+            raise InvalidSpecError(f"{role} column {name!r} is a static column (one value "
+                                   "per series), not a feature; it cannot also be a "
+                                   f"{role} column")
     columns = column_names(series)
     if spec.horizon == 0:
-        raise InvalidSpecError("target columns need a horizon (--horizon H >= 1): "
-                               "without one a window has no target")
+        raise InvalidSpecError(f"{role} columns need a horizon (--horizon H >= 1): "
+                               "without one a window has no future rows")
     if columns is None or len(series[0].step_shape) != 1:
-        raise InvalidSpecError(f"target columns need rows that are vectors of features; "
+        raise InvalidSpecError(f"{role} columns need rows that are vectors of features; "
                                f"these rows have shape {series[0].step_shape}")
     chosen = []
     for name in (str(n).strip() for n in names):
@@ -170,8 +221,8 @@ def _resolve_targets(names: Sequence[str] | None, series: list[Series],
         elif name.isdigit() and int(name) < len(columns):
             chosen.append(columns[int(name)])
         else:
-            raise InvalidSpecError(f"target column {name!r} is not a feature column "
+            raise InvalidSpecError(f"{role} column {name!r} is not a feature column "
                                    f"(features: {', '.join(columns)})")
     if len(set(chosen)) != len(chosen):
-        raise InvalidSpecError(f"target columns repeat a column: {', '.join(chosen)}")
+        raise InvalidSpecError(f"{role} columns repeat a column: {', '.join(chosen)}")
     return chosen

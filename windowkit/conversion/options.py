@@ -12,7 +12,7 @@ from windowkit.errors import InvalidSpecError, check_int
 from windowkit.formats import get_format
 from windowkit.sources import DEFAULT_SORT_MEMORY, Series, StagedSeries, TableOptions, parse_time
 from windowkit.spec import WindowSpec
-from windowkit.splits import SplitPlan, parse_fractions, split_names_for
+from windowkit.splits import SPLIT_CONTEXTS, SplitPlan, parse_fractions, split_names_for
 
 DEFAULT_SHARD_BYTES = 64 << 20
 
@@ -26,6 +26,7 @@ class SplitOptions:
     by: str = "time"
     at: str | Sequence[str | int] | None = None
     seed: int = 0
+    context: str = "none"  # "history": val/test inputs may come from earlier rows
 
     def plan(self, series: list[Series]) -> SplitPlan:
         rows = np.array([s.rows for s in series], dtype=np.int64)
@@ -62,15 +63,18 @@ class ConvertOptions:
     split: SplitOptions = field(default_factory=SplitOptions)
     nan: str = "error"
     target_columns: tuple[str, ...] | None = None
+    known_columns: tuple[str, ...] | None = None  # values known over the horizon
+    static: Mapping[str, Any] | None = None  # arrays: static name -> a value per series
     sort_memory: int = DEFAULT_SORT_MEMORY
 
     @classmethod
     def of(cls, *, format: str, window: WindowSpec | int, compression: str | None = None,
            seed: int = 0, splits: str | Mapping[str, float] | None = None,
            split_by: str = "time",
-           split_at: str | Sequence[str | int] | None = None,
+           split_at: str | Sequence[str | int] | None = None, split_context: str = "none",
            table: TableOptions | None = None,
-           target_columns: Sequence[str] | None = None, **rest: object) -> ConvertOptions:
+           target_columns: Sequence[str] | None = None,
+           known_columns: Sequence[str] | None = None, **rest: object) -> ConvertOptions:
         """The options from :func:`windowkit.convert`'s arguments, checked: one
         clear error for the first one out of range."""
         storage = get_format(format)
@@ -80,12 +84,17 @@ class ConvertOptions:
                                    f"expected one of {', '.join(storage.compressions)}")
         if split_by not in ("time", "series"):
             raise InvalidSpecError(f"split_by must be 'time' or 'series', got {split_by!r}")
+        if split_context not in SPLIT_CONTEXTS:
+            raise InvalidSpecError(f"split_context must be 'none' or 'history', got "
+                                   f"{split_context!r}")
         options = cls(
             format=format, compression=compression,
             window=window if isinstance(window, WindowSpec) else WindowSpec(length=window),
             table=table or TableOptions(), seed=seed,
-            split=SplitOptions(parse_fractions(splits), split_by, split_at, seed),
+            split=SplitOptions(parse_fractions(splits), split_by, split_at, seed,
+                               split_context),
             target_columns=tuple(target_columns) if target_columns else None,
+            known_columns=tuple(known_columns) if known_columns else None,
             **rest)  # type: ignore[arg-type]
         for name in ("block_rows", "shard_size", "shards", "workers"):
             if getattr(options, name) is not None:

@@ -4,9 +4,10 @@
 (int64, row number within its series) and the values: one column per feature
 for vector steps (``f0``, ``f1``, ... or the source's names), a single
 ``value`` column for scalar steps, and a fixed-size list column ``values`` for
-N-D steps (row-major, shape in the manifest). Each row group holds consecutive
-rows of one series inside one storage block, so a block is read from whole row
-groups. zstd by default; page checksums and statistics are written.
+N-D steps (row-major, shape in the manifest). Each row group holds one storage
+block: consecutive rows of one or more series (a series longer than a block
+spans several), so a block is one row group however short the series are.
+zstd by default; page checksums and statistics are written.
 """
 
 from __future__ import annotations
@@ -253,15 +254,29 @@ class ParquetFormat:
 
     def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
                     pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
-        """One part file per shard, one row group per piece."""
+        """One part file per shard, one row group per storage block (the pieces
+        of the block's series, in order)."""
         name = self.shard_files(data_dir, layout, shard)[0]
         build = _TableBuilder(layout)
         compression = None if layout.compression == "none" else layout.compression
         with pq.ParquetWriter(data_dir / name, build.schema, compression=compression,
                               write_page_checksum=True, write_statistics=True,
                               use_dictionary=["series"]) as writer:
+            block: list[pa.Table] = []
+
+            def write_block() -> None:
+                if block:
+                    table = pa.concat_tables(block)
+                    writer.write_table(table, row_group_size=max(1, len(table)))
+                    block.clear()
+
+            current = -1
             for piece in pieces:
-                writer.write_table(build(piece), row_group_size=max(1, len(piece.rows)))
+                if piece.global_start // layout.block_rows != current:
+                    write_block()
+                    current = piece.global_start // layout.block_rows
+                block.append(build(piece))
+            write_block()
         return {"path": f"data/{name}", "first_row": shard.first_row, "rows": shard.rows}
 
     def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:

@@ -132,9 +132,8 @@ def decode_example(serialized: bytes) -> tuple[dict[str, list[int]], dict[str, b
     ints: dict[str, list[int]] = {}
     data: dict[str, bytes] = {}
     for key, feature in example.features.feature.items():
-        kind = feature.WhichOneof("kind")
-        if kind == "int64_list":
+        if feature.HasField("int64_list"):
             ints[key] = list(feature.int64_list.value)
-        elif kind == "bytes_list" and len(feature.bytes_list.value) == 1:
+        elif feature.HasField("bytes_list") and len(feature.bytes_list.value) == 1:
             data[key] = feature.bytes_list.value[0]
     return ints, data

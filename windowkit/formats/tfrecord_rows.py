@@ -160,6 +160,16 @@ class TFRecordFormat:
                     ) -> TFRecordRowReader:
         return TFRecordRowReader(data_dir, data, setup)
 
+    def open_graph_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
+                          ) -> Any:
+        """A reader of the store's records in the ``tf.data`` graph alone
+        (:class:`windowkit.formats.tfrecord_graph.TFRecordGraphReader`)."""
+        from windowkit.formats.tfrecord_graph import TFRecordGraphReader
+
+        records = RecordTable(data_dir.parent / data["records"], shards=len(data["shards"]),
+                              setup=setup)
+        return TFRecordGraphReader(data_dir, data, setup, records)
+
     block_name: str = "record"
 
     def data_files(self, data: dict[str, Any]) -> int:
@@ -236,6 +246,8 @@ class TFRecordRowReader:
         self._setup = setup
         self._dtype = setup.dtype
         self._step_shape = setup.step_shape
+        self._little = setup.dtype.newbyteorder("<")
+        self._items = int(np.prod(setup.step_shape, dtype=np.int64))
         self._gzip = data.get("compression") == "gzip"
         self._tag = store_tag(setup.store_id)
         self.block_rows = setup.block_rows
@@ -294,29 +306,37 @@ class TFRecordRowReader:
                 stored[record] = blob[lo:lo + int(size[record])]
         return stored
 
+    def _where(self, record: int) -> str:
+        """Where a record lies, for messages."""
+        table = self.records
+        return (f"{self.shard_path(int(table['shard'][record]))}: record {record} at byte "
+                f"{int(table['offset'][record])}")
+
     def _decode(self, record: int, stored: bytes) -> np.ndarray:
         """The rows (block and halo) of one record, checked against its CRCs."""
         table = self.records
-        shard, offset, size = (int(table[k][record]) for k in ("shard", "offset", "bytes"))
-        where = f"{self.shard_path(shard)}: record {record} at byte {offset}"
+        size = int(table["bytes"][record])
         if len(stored) != size:
-            raise StoreError(f"{where}: file is truncated ({len(stored)} of {size} bytes)")
+            raise StoreError(f"{self._where(record)}: file is truncated ({len(stored)} of "
+                             f"{size} bytes)")
         try:
             ints, data = decode_example(unframe_record(stored, gzip=self._gzip))
         except RecordError as exc:
-            raise StoreError(f"{where}: {exc}") from exc
+            raise StoreError(f"{self._where(record)}: {exc}") from exc
         except DecodeError as exc:
-            raise StoreError(f"{where}: not a valid Example ({exc})") from exc
+            raise StoreError(f"{self._where(record)}: not a valid Example ({exc})") from exc
         rows = int(table["rows"][record]) + int(table["halo"][record])
         if ints.get("record") != [record] or "data" not in data:
-            raise StoreError(f"{where}: holds record {ints.get('record')}, expected {record}")
+            raise StoreError(f"{self._where(record)}: holds record {ints.get('record')}, "
+                             f"expected {record}")
         if ints.get("store") != [self._tag]:
             self._setup.check_store()  # a replaced store says so
-            raise StoreError(f"{where}: belongs to another store (store tag "
+            raise StoreError(f"{self._where(record)}: belongs to another store (store tag "
                              f"{ints.get('store')}, expected {self._tag})")
-        values = np.frombuffer(data["data"], dtype=self._dtype.newbyteorder("<"))
-        if values.size != rows * int(np.prod(self._step_shape, dtype=np.int64)):
-            raise StoreError(f"{where}: holds {values.size} values, expected {rows} rows")
+        values = np.frombuffer(data["data"], dtype=self._little)
+        if values.size != rows * self._items:
+            raise StoreError(f"{self._where(record)}: holds {values.size} values, expected "
+                             f"{rows} rows")
         return values.astype(self._dtype, copy=False).reshape(rows, *self._step_shape)
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from windowkit.readers._parts import BatchParts
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 from windowkit.windows import window_row_offsets
@@ -18,28 +19,81 @@ if TYPE_CHECKING:
 PREFETCH_BATCHES = 8  # an autotuned buffer grew by ~35 MB here and gained nothing
 
 
+class WindowCutter:
+    """Cuts batches of windows from rows in the graph, one ``tf.gather`` per part.
+
+    ``prepare(rows)`` runs once per tensor of rows (a group of blocks): it keeps
+    the target and known columns as their own, narrow row tensors, so that a
+    batch gathers exactly what it returns. ``cutter(prepared, starts, series)``
+    is the batch of the windows starting at ``starts``: ``x``, ``(x, y)``, or
+    with parts a dict ``x`` (see :mod:`windowkit.readers._parts`), normalized
+    when asked; ``y`` keeps the ``targets`` columns (None: all)."""
+
+    def __init__(self, spec: WindowSpec, norm: Normalizer | None,
+                 targets: np.ndarray | None = None, parts: BatchParts | None = None) -> None:
+        import tensorflow as tf
+
+        inputs, horizon = window_row_offsets(spec)  # the NumPy readers' offsets too
+        self._inputs = tf.constant(inputs, dtype=tf.int64)
+        self._horizon = tf.constant(horizon, dtype=tf.int64) if spec.horizon else None
+        self._norm, self._targets, self._parts = norm, targets, parts
+        self._known = parts.known if parts is not None else None
+        self._static = parts.static_table(norm is not None) if parts is not None else None
+
+    def prepare(self, rows: tf.Tensor, *, narrow: bool = True) -> tuple[tf.Tensor, ...]:
+        """``(rows, target rows, known rows)``: the narrow ones only where needed;
+        ``narrow=False``: ``(rows,)``, no copies (each batch picks its columns)."""
+        import tensorflow as tf
+
+        if self._horizon is None or not narrow:
+            return (rows,)
+        target_rows = rows if self._targets is None else tf.gather(rows, self._targets, axis=1)
+        if self._known is None:
+            return rows, target_rows
+        return rows, target_rows, tf.gather(rows, self._known, axis=1)
+
+    def _normalized(self, values: tf.Tensor, columns: np.ndarray | None) -> tf.Tensor:
+        import tensorflow as tf
+
+        if self._norm is None:
+            return values
+        chosen = self._norm.select(columns)
+        return (tf.cast(values, chosen.mean.dtype) - chosen.mean) * chosen.scale
+
+    def __call__(self, prepared: tuple[tf.Tensor, ...], starts: tf.Tensor,
+                 series: tf.Tensor | None = None) -> Any:
+        import tensorflow as tf
+
+        x = self._normalized(tf.gather(prepared[0], starts[:, None] + self._inputs), None)
+        y = future = None
+        if self._horizon is not None:
+            at = starts[:, None] + self._horizon
+            if len(prepared) > 1:  # narrow rows of the target and known columns
+                y = tf.gather(prepared[1], at)
+                future = tf.gather(prepared[2], at) if len(prepared) > 2 else None
+            else:
+                y_all = tf.gather(prepared[0], at)
+                y = y_all if self._targets is None else tf.gather(y_all, self._targets, axis=2)
+                future = (None if self._known is None
+                          else tf.gather(y_all, self._known, axis=2))
+            y = self._normalized(y, self._targets)
+        parts = self._parts
+        if parts is None or not parts.as_dict:
+            return x if y is None else (x, y)
+        out = {"inputs": x}
+        if future is not None:
+            out["future_known"] = self._normalized(future, self._known)
+        if self._static is not None and series is not None:
+            out["static"] = tf.gather(self._static, series)
+        if parts.series and series is not None:
+            out["series"] = tf.cast(series, tf.int32)
+        return out if y is None else (out, y)
+
+
 def window_cutter(spec: WindowSpec, norm: Normalizer | None,
-                  targets: np.ndarray | None = None) -> Callable[[tf.Tensor, tf.Tensor], Any]:
-    """``cut(rows, starts)``: the batch of windows starting at ``starts`` in
-    ``rows``, one ``tf.gather`` (normalized when asked); targets keep the
-    ``targets`` columns only (None: all)."""
-    import tensorflow as tf
-
-    inputs, horizon = window_row_offsets(spec)  # the NumPy readers' offsets too
-    input_offsets = tf.constant(inputs, dtype=tf.int64)
-    target_offsets = tf.constant(horizon, dtype=tf.int64)
-
-    def cut_batch(rows: tf.Tensor, starts: tf.Tensor) -> Any:
-        x = tf.gather(rows, starts[:, None] + input_offsets)
-        y = tf.gather(rows, starts[:, None] + target_offsets) if spec.horizon else None
-        if y is not None and targets is not None:
-            y = tf.gather(y, targets, axis=2)
-        if norm is not None:
-            mean, scale = tf.constant(norm.mean), tf.constant(norm.scale)
-            x = (tf.cast(x, mean.dtype) - mean) * scale
-            if y is not None:
-                y_norm = norm.select(targets)
-                y = (tf.cast(y, mean.dtype) - y_norm.mean) * y_norm.scale
-        return x if y is None else (x, y)
-
-    return cut_batch
+                  targets: np.ndarray | None = None, parts: BatchParts | None = None
+                  ) -> Callable[..., Any]:
+    """``cut(rows, starts, series=None)``: :class:`WindowCutter` for rows cut
+    from once (``prepare`` on every call)."""
+    cutter = WindowCutter(spec, norm, targets, parts)
+    return lambda rows, starts, series=None: cutter(cutter.prepare(rows), starts, series)

@@ -254,33 +254,40 @@ class WindowGather:
 
     def __call__(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Windows starting at global rows ``starts``: ``(x, y)``, ``y`` None if H=0."""
+        return self.resolve(starts, self.targets)
+
+    def resolve(self, starts: np.ndarray, targets: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(x, y)`` of the windows starting at global rows ``starts``, ``y``
+        holding the ``targets`` columns (None: every column)."""
         starts = np.asarray(starts, dtype=np.int64)
         block = starts // self.pool.block_rows
         unique, inverse = np.unique(block, return_inverse=True)
         limit = max(1, self.pool.capacity // 2)
         if len(unique) <= limit:
-            return self._gather(starts, block, unique, inverse)
+            return self._gather(starts, block, unique, inverse, targets)
         # more blocks than one pass may pin: resolve in groups of blocks
         data, spec = self.pool.data, self.spec
         x = np.empty((len(starts), spec.length, *data.shape[1:]), dtype=data.dtype)
         y = None
         if spec.horizon:
-            y_shape = data.shape[1:] if self.targets is None else (len(self.targets),)
+            y_shape = data.shape[1:] if targets is None else (len(targets),)
             y = np.empty((len(starts), spec.horizon, *y_shape), dtype=data.dtype)
         for lo in range(0, len(unique), limit):
             members = np.flatnonzero((inverse >= lo) & (inverse < lo + limit))
             part_x, part_y = self._gather(starts[members], block[members],
-                                          unique[lo:lo + limit], inverse[members] - lo)
+                                          unique[lo:lo + limit], inverse[members] - lo, targets)
             x[members] = part_x
             if y is not None and part_y is not None:
                 y[members] = part_y
         return x, y
 
     def _gather(self, starts: np.ndarray, block: np.ndarray, unique: np.ndarray,
-                inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+                inverse: np.ndarray, targets: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
         slots = self.pool.acquire(unique)
         try:
             at = slots[inverse] * self.pool.slot_rows + (starts - block * self.pool.block_rows)
-            return take_windows(self._views, at, self.targets)
+            return take_windows(self._views, at, targets)
         finally:
             self.pool.release(slots)

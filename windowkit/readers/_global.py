@@ -19,8 +19,9 @@ import numpy as np
 
 from windowkit._progress import human_size
 from windowkit.errors import InvalidSpecError
-from windowkit.readers._cut import PREFETCH_BATCHES, window_cutter
+from windowkit.readers._cut import PREFETCH_BATCHES, WindowCutter
 from windowkit.readers._order import num_batches
+from windowkit.readers._parts import BatchParts
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -53,7 +54,8 @@ def load_rows(plan: ReadPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def global_batches(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder: bool,
-                   normalize: bool, memory_budget: int) -> tf.data.Dataset:
+                   normalize: bool, memory_budget: int, parts: BatchParts
+                   ) -> tf.data.Dataset:
     """Batches of uniformly shuffled windows, a new permutation each iteration
     (epoch), the sequence of epochs fixed by ``seed``."""
     import tensorflow as tf
@@ -62,13 +64,16 @@ def global_batches(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder
 
     check_memory_budget(plan, memory_budget)
     rows, blocks, offsets = load_rows(plan)
-    starts = BlockWindows.of(plan).starts(tf.constant(blocks), tf.constant(offsets))  # [n] int64
+    lookup = BlockWindows.of(plan)
+    starts, series = lookup.starts_and_series(tf.constant(blocks), tf.constant(offsets))
+    series = series if parts.series else None  # [n] int32 beside the [n] int64 starts
     held = tf.constant(rows)
     del rows
     n = plan.num_windows
     batches = num_batches(n, batch_size, drop_remainder)
-    cut = window_cutter(plan.spec, plan.normalizer() if normalize else None,
-                        plan.target_index)
+    cut = WindowCutter(plan.spec, plan.normalizer() if normalize else None,
+                       plan.target_index, parts)
+    prepared = cut.prepare(held, narrow=False)  # no column copies: within memory_budget
     seed_part = tf.constant(seed, tf.int64)
 
     def batch(index: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
@@ -76,7 +81,8 @@ def global_batches(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder
         positions = tf.range(lo, tf.minimum(lo + batch_size, n))
         shuffled = tf.random.experimental.index_shuffle(
             positions, seed=tf.stack([seed_part, key]), max_index=n - 1)
-        return cut(held, tf.gather(starts, shuffled))
+        return cut(prepared, tf.gather(starts, shuffled),
+                   None if series is None else tf.gather(series, shuffled))
 
     def epoch(key: tf.Tensor) -> tf.data.Dataset:
         return tf.data.Dataset.range(batches).map(

@@ -64,6 +64,8 @@ class BlockWindows:
         self.stride = runs.stride
         self._first = tf.RaggedTensor.from_row_splits(first, row_splits, validate=False)
         self._count = tf.RaggedTensor.from_row_splits(count, row_splits, validate=False)
+        self._series = tf.RaggedTensor.from_row_splits(
+            runs.series_per_block(block_first, block_rows), row_splits, validate=False)
 
     @classmethod
     def of(cls, plan: ReadPlan) -> BlockWindows:
@@ -75,6 +77,18 @@ class BlockWindows:
     def starts(self, blocks: tf.Tensor, offsets: tf.Tensor) -> tf.Tensor:
         """Row positions, in a tensor holding block ``blocks[i]`` at row
         ``offsets[i]``, of the windows starting in those blocks (block order)."""
+        return self._starts(blocks, offsets)[0]
+
+    def starts_and_series(self, blocks: tf.Tensor, offsets: tf.Tensor
+                          ) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`starts`, and the series (int32) of each of those windows."""
+        import tensorflow as tf
+
+        starts, run = self._starts(blocks, offsets)
+        return starts, tf.gather(tf.gather(self._series, blocks).flat_values, run)
+
+    def _starts(self, blocks: tf.Tensor, offsets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """The starts, and the position among the blocks' runs of each one's run."""
         import tensorflow as tf
 
         firsts = tf.gather(self._first, blocks)
@@ -83,7 +97,7 @@ class BlockWindows:
         run = within.value_rowids()
         owner = tf.gather(firsts.value_rowids(), run)
         return (tf.gather(firsts.flat_values, run) + within.flat_values * self.stride
-                + tf.gather(offsets, owner))
+                + tf.gather(offsets, owner)), run
 
 
 class GroupLoader:
@@ -201,9 +215,11 @@ def epoch_groups(sampler: Sampler) -> tf.data.Dataset:
 
 
 def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
-                 shuffle_blocks: int | None, cache_bytes: int) -> tf.data.Dataset:
+                 shuffle_blocks: int | None, cache_bytes: int,
+                 with_series: bool = False) -> tf.data.Dataset:
     """Groups of blocks read through the format's row reader, one ``py_function``
-    call per group: ``(rows, starts)``, the starts shuffled when asked."""
+    call per group: ``(rows, starts)``, the starts shuffled when asked; with
+    ``with_series``, ``(rows, starts, series)``, each window's series id too."""
     import tensorflow as tf
 
     spec, step_shape = plan.spec, plan.step_shape
@@ -217,15 +233,23 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
     loader = GroupLoader.of(plan)
     dtype = tf.as_dtype(plan.dtype)
 
-    def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, ...]:
         rows, offsets = tf.py_function(lambda b: loader(b.numpy()), [blocks],
                                        [dtype, tf.int64])
         rows = tf.ensure_shape(rows, [None, *step_shape])
-        starts = windows.starts(blocks, tf.ensure_shape(offsets, [None]))
-        if shuffle:
-            starts = tf.random.experimental.stateless_shuffle(
-                starts, seed=tf.stack([tf.constant(seed, tf.int64), key]))
-        return rows, starts
+        offsets = tf.ensure_shape(offsets, [None])
+        shuffle_seed = tf.stack([tf.constant(seed, tf.int64), key])
+        if not with_series:
+            starts = windows.starts(blocks, offsets)
+            if shuffle:
+                starts = tf.random.experimental.stateless_shuffle(starts, seed=shuffle_seed)
+            return rows, starts
+        starts, series = windows.starts_and_series(blocks, offsets)
+        if shuffle:  # one permutation for both
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(tf.size(starts, out_type=tf.int64)), seed=shuffle_seed)
+            starts, series = tf.gather(starts, order), tf.gather(series, order)
+        return rows, starts, series
 
     ds = epoch_groups(sampler)
     # one group read at a time (bounded memory), ahead of the cuts of the previous one;

@@ -11,20 +11,28 @@ works with ``workers > 1`` threads and with ``use_multiprocessing=True``.
 
 The dataset already shuffles: pass ``shuffle=False`` to ``model.fit``, which
 otherwise also shuffles the batch order and so defeats the block cache.
+
+Resuming mid-epoch: the dataset has a position, ``(epoch, batch)``, settable
+with :meth:`WindowPyDataset.seek`; :meth:`WindowPyDataset.backup_and_restore`
+gives a ``keras.callbacks.BackupAndRestore`` that saves that position with the
+weights and restores both, so an interrupted ``fit`` goes on at the batch
+where it stopped, in the same order.
 """
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import fsspec
 import keras
-import numpy as np
 
-from windowkit.errors import check_int
+from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MEMORY_BUDGET,
@@ -35,12 +43,13 @@ from windowkit.readers import (
     num_batches,
 )
 from windowkit.readers._global import check_memory_budget
+from windowkit.readers._parts import series_of
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
 
-Batch = np.ndarray | tuple[np.ndarray, np.ndarray]
+Batch = Any  # x, (x, y), or with parts a dict x (windowkit.readers._parts)
 
 # attributes built per process, never pickled
 _PROCESS_LOCAL = ("_lock", "_pid", "_local", "_current")
@@ -53,7 +62,6 @@ class _Local:
     gather: WindowGather
     order: WindowOrder
     normalizer: Normalizer | None
-    target_normalizer: Normalizer | None
 
 
 class WindowPyDataset(keras.utils.PyDataset):
@@ -66,7 +74,8 @@ class WindowPyDataset(keras.utils.PyDataset):
                  shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
                  normalize: bool = False, workers: int = 1, use_multiprocessing: bool = False,
                  max_queue_size: int = 10, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, return_series: bool = False
+                 ) -> None:
         super().__init__(workers=check_int("workers", workers, 0),
                          use_multiprocessing=bool(use_multiprocessing),
                          max_queue_size=check_int("max_queue_size", max_queue_size, 1))
@@ -76,6 +85,7 @@ class WindowPyDataset(keras.utils.PyDataset):
         self.seed = check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
         self.normalize = bool(normalize)
+        self.parts = plan.parts(return_series)
         self.cache_bytes = check_int("cache_bytes", cache_bytes, 1)
         if self.shuffle == "global":  # every block held: one group, a uniform permutation
             needed = check_memory_budget(plan, check_int("memory_budget", memory_budget, 1))
@@ -83,6 +93,7 @@ class WindowPyDataset(keras.utils.PyDataset):
         if normalize:
             plan.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
+        self._first_batch = 0  # batches of epoch `_epoch` already done (resuming)
         self._reset_process_state()
 
     # -- pickling and per-process state ---------------------------------------------
@@ -112,8 +123,7 @@ class WindowPyDataset(keras.utils.PyDataset):
                     blocks_per_group=((lambda n: max(1, n)) if self.shuffle == "global"
                                       else gather.blocks_per_group))
                 norm = plan.normalizer() if self.normalize else None
-                target_norm = plan.target_normalizer() if norm else None
-                self._local = _Local(gather, order, norm, target_norm)
+                self._local = _Local(gather, order, norm)
             return self._local
 
     def _epoch_order(self, local: _Local) -> EpochOrder:
@@ -134,32 +144,146 @@ class WindowPyDataset(keras.utils.PyDataset):
         self._epoch = check_int("epoch", value, 0)
 
     @property
+    def position(self) -> tuple[int, int]:
+        """``(epoch, batch)``: the epoch whose order ``__getitem__`` follows and
+        the batches of it already done (0 unless resumed with :meth:`seek`)."""
+        return self._epoch, self._first_batch
+
+    def seek(self, epoch: int, batch: int = 0) -> None:
+        """Go on from batch ``batch`` of epoch ``epoch``: until that epoch ends,
+        ``len()`` counts the batches left and ``self[i]`` is batch ``batch + i``."""
+        self._epoch = check_int("epoch", epoch, 0)
+        self._first_batch = check_int("batch", batch, 0)
+        if self._first_batch > self.batches_per_epoch:
+            raise InvalidSpecError(f"batch {batch} is beyond the epoch's "
+                                   f"{self.batches_per_epoch} batches")
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return num_batches(self.plan.num_windows, self.batch_size, self.drop_remainder)
+
+    @property
     def num_windows(self) -> int:
         return self.plan.num_windows
 
     def __len__(self) -> int:
-        return num_batches(self.plan.num_windows, self.batch_size, self.drop_remainder)
+        """The batches left in the current epoch (all of them unless resumed)."""
+        return self.batches_per_epoch - self._first_batch
 
     def __getitem__(self, index: int) -> Batch:
-        """Batch ``index`` of the current epoch (negative counts from the end)."""
+        """Batch ``index`` of what is left of the current epoch (negative counts
+        from the end)."""
         i = operator.index(index)
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"batch {index} is out of range for {n} batches")
-        i %= n
+        i = i % n + self._first_batch
         local = self._process_local()
-        x, y = local.gather(self._epoch_order(local).batch(i, self.batch_size))
-        if local.normalizer is not None:
-            x = local.normalizer(x)
-            y = local.target_normalizer(y) if y is not None and local.target_normalizer else y
-        return x if y is None else (x, y)
+        starts = self._epoch_order(local).batch(i, self.batch_size)
+        x, y_all = local.gather.resolve(starts, None)
+        series = series_of(self.plan.runs.row_offset, starts) if self.parts.series else None
+        return self.parts.assemble(x, y_all, series, targets=self.plan.target_index,
+                                   norm=local.normalizer)
 
     def on_epoch_end(self) -> None:
         """Move on to the next epoch's order (``fit`` also calls this once before
         its first epoch, which therefore reads order 1)."""
         self._epoch += 1
+        self._first_batch = 0
+
+    def backup_and_restore(self, backup_dir: str | os.PathLike[str], *,
+                           save_freq: int | str = "epoch", double_checkpoint: bool = False,
+                           delete_checkpoint: bool = True) -> WindowBackupAndRestore:
+        """A ``keras.callbacks.BackupAndRestore`` that also saves and restores this
+        dataset's position, so that ``fit`` resumes at the batch where it stopped."""
+        return WindowBackupAndRestore(self, os.fspath(backup_dir), save_freq=save_freq,
+                                      double_checkpoint=double_checkpoint,
+                                      delete_checkpoint=delete_checkpoint)
 
     def __repr__(self) -> str:
         return (f"<windowkit.WindowPyDataset {str(self.plan.path)!r} split={self.plan.split!r} "
                 f"batches={len(self)} batch_size={self.batch_size} shuffle={self.shuffle} "
                 f"epoch={self._epoch}>")
+
+
+_POSITION_KEY = "windowkit_position"
+# what Keras says when an epoch has fewer batches than it counted at the start;
+# the resumed epoch has, by design
+_SHORT_EPOCH_WARNING = "Your input ran out of data"
+
+
+class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """Keras' ``BackupAndRestore`` that resumes mid-epoch: with the weights it
+    saves the dataset's position (epoch order, batches done), and on restore
+    seeks the dataset there, so the rest of the interrupted epoch is trained in
+    its order, then the epochs that follow.
+
+    Keras itself restores only the epoch (the interrupted epoch starts again
+    at its first batch) and, after a restore, records epoch 0 until an epoch
+    ends; this class corrects both. Build it with
+    :meth:`WindowPyDataset.backup_and_restore`.
+    """
+
+    def __init__(self, dataset: WindowPyDataset, backup_dir: str, **kwargs: Any) -> None:
+        super().__init__(backup_dir, **kwargs)
+        self.dataset = dataset
+        self._epoch_start: tuple[int, int] = dataset.position
+        self._batches_done = 0  # in the current Keras epoch
+        self._quiet: warnings.catch_warnings[Any] | None = None
+
+    def _load_model(self) -> None:
+        super()._load_model()
+        metadata = self._read_metadata()
+        saved = metadata.get(_POSITION_KEY) if metadata else None
+        if saved is None:
+            return
+        epoch, batch = int(saved["epoch"]), int(saved["batch"])
+        if batch >= self.dataset.batches_per_epoch:  # saved after its last batch
+            epoch, batch = epoch + 1, 0
+            self.model._initial_epoch = (self.model._initial_epoch or 0) + 1
+        self.dataset.seek(epoch, batch)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._current_epoch = epoch
+        self._epoch_start = self.dataset.position
+        self._batches_done = 0
+        if self._epoch_start[1] and self._quiet is None:
+            self._quiet = warnings.catch_warnings()
+            self._quiet.__enter__()
+            warnings.filterwarnings("ignore", message=_SHORT_EPOCH_WARNING)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._batches_done = batch + 1
+        super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._quiet is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
+        super().on_epoch_end(epoch, logs)
+
+    def _save_model(self) -> None:
+        super()._save_model()
+        epoch, first = self._epoch_start
+        if self.dataset.position[0] != epoch:  # at an epoch's end: the next one, from 0
+            position = {"epoch": self.dataset.position[0], "batch": 0}
+        else:
+            position = {"epoch": epoch, "batch": first + self._batches_done}
+        metadata = self._read_metadata() or {}
+        metadata[_POSITION_KEY] = position
+        with fsspec.open(self._training_metadata_path, "w") as f:
+            json.dump(metadata, f)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._quiet is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
+        super().on_train_end(logs)
+
+    def _read_metadata(self) -> dict[str, Any] | None:
+        """Keras' training metadata (a JSON object), None if there is none."""
+        fs, path = fsspec.core.url_to_fs(self._training_metadata_path)
+        if not fs.exists(path):
+            return None
+        with fs.open(path, "r") as f:
+            return dict(json.load(f))

@@ -22,6 +22,7 @@ from windowkit.index import WindowRuns
 from windowkit.manifest import StoreGuard
 from windowkit.readers._gather import DEFAULT_CACHE_BYTES, WindowGather
 from windowkit.readers._order import block_first_positions
+from windowkit.readers._parts import BatchParts
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -41,6 +42,9 @@ class StoreRows:
     store_id: str
     statistics: dict[str, Any] | None  # training rows' per-column statistics
     target_index: np.ndarray | None  # columns targets keep (None: all)
+    known_index: np.ndarray | None  # columns whose horizon values are known (future_known)
+    static_values: np.ndarray | None  # [series, S] static features (float64)
+    static_statistics: dict[str, Any] | None  # of the training series' static features
     guard: StoreGuard
 
     @property
@@ -51,13 +55,16 @@ class StoreRows:
     def row_bytes(self) -> int:
         return self.dtype.itemsize * int(np.prod(self.step_shape, dtype=np.int64))
 
+    def reader_setup(self) -> ReaderSetup:
+        """What a format's readers need besides the manifest's ``data`` section."""
+        return ReaderSetup(dtype=self.dtype, step_shape=self.step_shape,
+                           block_rows=self.block_rows, total_rows=self.total_rows,
+                           span=self.spec.span, check_store=self.guard.check,
+                           store_id=self.store_id)
+
     def row_reader(self) -> RowReader:
         """A new reader of the store's global rows (it opens files lazily)."""
-        setup = ReaderSetup(dtype=self.dtype, step_shape=self.step_shape,
-                            block_rows=self.block_rows, total_rows=self.total_rows,
-                            span=self.spec.span, check_store=self.guard.check,
-                            store_id=self.store_id)
-        return self.storage.open_reader(self.path / "data", self.data, setup)
+        return self.storage.open_reader(self.path / "data", self.data, self.reader_setup())
 
     def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
         """A new gatherer with its own block cache of ``cache_bytes``."""
@@ -75,6 +82,13 @@ class StoreRows:
     def target_normalizer(self) -> Normalizer:
         """The normalizer of the target columns."""
         return self.normalizer().select(self.target_index)
+
+    def parts(self, return_series: bool) -> BatchParts:
+        """What a batch holds besides inputs and targets (see :class:`BatchParts`)."""
+        return BatchParts(known=self.known_index,
+                          series=bool(return_series) or self.static_values is not None,
+                          static=self.static_values, static_stats=self.static_statistics,
+                          static_dtype="float64" if self.dtype == np.float64 else "float32")
 
 
 @dataclass(frozen=True)

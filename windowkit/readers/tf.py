@@ -5,9 +5,11 @@ per batch.
    ``(rows, starts)``, the rows of a group of storage blocks with their halos,
    read by the format's row reader, and the positions of the split's windows
    starting in them, shuffled within the group when asked.
-2. Batches are cut with one ``tf.gather`` each under a parallel ``map``
-   (:func:`batch_cutter`), normalized in the graph when asked, then
-   ``rebatch`` -> ``assert_cardinality`` -> ``prefetch`` (optionally onto a GPU).
+2. Batches are cut with one ``tf.gather`` per part under a parallel ``map``,
+   normalized in the graph when asked; the windows left at a group's end are
+   carried into the next group's first batch
+   (:mod:`windowkit.readers._carry`, no ``rebatch``), then
+   ``assert_cardinality`` -> ``prefetch`` (optionally onto a GPU).
 
 How it shuffles: each epoch permutes the blocks holding windows of the split,
 and the windows of ``shuffle_blocks`` blocks at a time are permuted together.
@@ -24,7 +26,8 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
-from windowkit.readers._cut import PREFETCH_BATCHES, window_cutter
+from windowkit.readers._cut import PREFETCH_BATCHES, WindowCutter
+from windowkit.readers._parts import BatchParts
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -36,32 +39,42 @@ if TYPE_CHECKING:
 
 
 def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
-                 targets: np.ndarray | None = None
-                 ) -> Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]:
-    """``cut(rows, starts)``: a dataset of batches of the windows starting at
-    ``starts`` in ``rows``, each batch one ``tf.gather``, cut in parallel."""
+                 targets: np.ndarray | None = None, parts: BatchParts | None = None
+                 ) -> Callable[..., tf.data.Dataset]:
+    """``cut(rows, starts, series=None)``: a dataset of batches of the windows
+    starting at ``starts`` in ``rows``, each batch one ``tf.gather``, cut in
+    parallel (``series``: the windows' series ids, for dict batches)."""
     import tensorflow as tf
 
-    cut_batch = window_cutter(spec, norm, targets)
+    cutter = WindowCutter(spec, norm, targets, parts)
 
-    def cut(rows: tf.Tensor, starts: tf.Tensor) -> tf.data.Dataset:
+    def cut(rows: tf.Tensor, starts: tf.Tensor, series: tf.Tensor | None = None
+            ) -> tf.data.Dataset:
         n = tf.size(starts, out_type=tf.int64)
+        prepared = cutter.prepare(rows)  # once per group
         return tf.data.Dataset.range(0, n, batch_size).map(
-            lambda lo: cut_batch(rows, starts[lo:lo + batch_size]),
+            lambda lo: cutter(prepared, starts[lo:lo + batch_size],
+                              None if series is None else series[lo:lo + batch_size]),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     return cut
 
 
 def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: int,
-                        drop_remainder: bool, normalize: bool) -> tf.data.Dataset:
-    """From ``(rows, starts)`` groups to the reader's batches: cut (and normalize)
-    windows, ``rebatch`` across groups, declare the count, prefetch."""
+                        drop_remainder: bool, normalize: bool, parts: BatchParts
+                        ) -> tf.data.Dataset:
+    """From ``(rows, starts[, series])`` groups to the reader's batches: cut (and
+    normalize) windows, whole batches across groups (the windows left at a
+    group's end carried into the next one), declare the count, prefetch."""
     import tensorflow as tf
 
+    from windowkit.readers._carry import carried_batches
+
     norm = plan.normalizer() if normalize else None
-    ds = groups.flat_map(batch_cutter(plan.spec, batch_size, norm, plan.target_index))
-    ds = ds.rebatch(batch_size, drop_remainder=drop_remainder)
+    cutter = WindowCutter(plan.spec, norm, plan.target_index, parts)
+    empty_rows = tf.zeros([plan.spec.span, *plan.step_shape], tf.as_dtype(plan.dtype))
+    ds = carried_batches(groups, cutter, batch_size=batch_size, drop_remainder=drop_remainder,
+                         empty_rows=empty_rows, with_series=parts.series)
     ds = ds.apply(tf.data.experimental.assert_cardinality(
         num_batches(plan.num_windows, batch_size, drop_remainder)))
     return ds.prefetch(PREFETCH_BATCHES)
@@ -69,38 +82,49 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
 
 def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool | str, seed: int,
                drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
-               cache_bytes: int, memory_budget: int, device: str | None = None
-               ) -> tf.data.Dataset:
+               cache_bytes: int, memory_budget: int, device: str | None = None,
+               service: str | None = None, return_series: bool = False) -> tf.data.Dataset:
     """The split's batches: groups of blocks in the sampler's order, then
     windows cut in the graph; with ``shuffle="global"``, the split's rows held
-    in memory and each epoch a uniform permutation of its windows."""
+    in memory and each epoch a uniform permutation of its windows; with
+    ``service`` (a tf.data dispatcher's address), read by its workers.
+    ``return_series`` (or known-future columns) makes ``x`` a dict of parts."""
+    parts = plan.parts(return_series)
+    if service is not None:
+        from windowkit.readers._service import service_batches
+
+        ds = service_batches(plan, service=service, batch_size=batch_size,
+                             shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
+                             normalize=normalize, cache_bytes=cache_bytes, parts=parts)
+        return ds if device is None else prefetch_to_device(ds, device)
     if shuffle == "global":
         from windowkit.readers._global import global_batches
 
         ds = global_batches(plan, batch_size=batch_size, seed=seed,
                             drop_remainder=drop_remainder, normalize=normalize,
-                            memory_budget=memory_budget)
+                            memory_budget=memory_budget, parts=parts)
     else:
         from windowkit.readers._groups import block_groups
 
         groups = block_groups(plan, shuffle=bool(shuffle), seed=seed,
-                              shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes)
+                              shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes,
+                              with_series=parts.series)
         ds = batches_from_groups(groups, plan, batch_size=batch_size,
-                                 drop_remainder=drop_remainder, normalize=normalize)
-    ds = ds.with_options(checkpoint_options(symbolic=shuffle == "global"))
+                                 drop_remainder=drop_remainder, normalize=normalize,
+                                 parts=parts)
+    ds = ds.with_options(checkpoint_options())
     return ds if device is None else prefetch_to_device(ds, device)
 
 
-def checkpoint_options(*, symbolic: bool) -> tf.data.Options:
-    """Options that let ``tf.train.Checkpoint(iterator=...)`` save an iterator:
-    the reading function's state (open files, caches) is not part of it, since
-    what it returns depends only on the block ids it is given. ``symbolic``:
-    positions only, no buffered batches (global mode; ``rebatch``, which block
-    groups use, cannot be checkpointed so)."""
+def checkpoint_options() -> tf.data.Options:
+    """Options that let ``tf.train.Checkpoint(iterator=...)`` save an iterator,
+    symbolically: positions, not buffered batches. The reading function's state
+    (open files, caches) is not part of it, since what it returns depends only
+    on the block ids it is given."""
     import tensorflow as tf
 
     options = tf.data.Options()
-    options.experimental_symbolic_checkpoint = symbolic
+    options.experimental_symbolic_checkpoint = True
     options.experimental_external_state_policy = (
         tf.data.experimental.ExternalStatePolicy.IGNORE)
     return options

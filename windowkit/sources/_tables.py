@@ -58,6 +58,7 @@ class TableOptions:
     columns: tuple[str, ...] | None = None
     max_gap: str | int | None = None
     time_format: str | None = None  # strptime codes for a text time column
+    static_columns: tuple[str, ...] | None = None  # one value per series, not features
 
 
 def _suffix(path: str) -> str:
@@ -91,6 +92,7 @@ class StagedSeries:
     time_step: int | None = None
     segments: list[tuple[int, int]] = field(default_factory=list)  # gap-free row ranges
     times_path: str = ""
+    static: tuple[float, ...] = ()  # the series' static column values
 
     def times(self) -> np.ndarray | None:
         """The series' times (int64, memory-mapped), or None without a time column."""
@@ -147,16 +149,20 @@ class _Stager:
         self.current_first = 0
         self.current_rows = 0
         self.last_time: int | None = None
+        self.static_names = list(options.static_columns or ())
+        self.current_static: np.ndarray | None = None
 
     def schema(self, schema: pa.Schema) -> None:
         names = schema.names
         opts = self.options
         for label, column in (("series", opts.series_col), ("time", opts.time_col),
-                              *(("feature", c) for c in opts.columns or ())):
+                              *(("feature", c) for c in opts.columns or ()),
+                              *(("static", c) for c in self.static_names)):
             if column is not None and column not in names:
                 raise SourceError(f"{self.name}: no {label} column {column!r} (columns: "
                                   f"{', '.join(names)})")
-        skip = {opts.series_col, opts.time_col}
+        self._check_static(schema)
+        skip = {opts.series_col, opts.time_col, *self.static_names}
         self.features = list(opts.columns) if opts.columns else [
             n for n in names if n not in skip]
         if not self.features:
@@ -183,6 +189,46 @@ class _Stager:
                 clock = any(code in opts.time_format for code in CLOCK_DIRECTIVES)
                 self.unit = "ns" if clock else "days"
 
+    def _check_static(self, schema: pa.Schema) -> None:
+        """Static columns: numeric, and neither the series, time nor a feature column."""
+        opts = self.options
+        for column in self.static_names:
+            if column in (opts.series_col, opts.time_col) or column in (opts.columns or ()):
+                role = ("the series" if column == opts.series_col else "the time"
+                        if column == opts.time_col else "a feature")
+                raise SourceError(f"{self.name}: static column {column!r} is also {role} "
+                                  "column; a static column holds one value per series")
+            kind = schema.field(column).type
+            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                    or pa.types.is_boolean(kind)):
+                raise SourceError(f"{self.name}: static column {column!r} is not numeric "
+                                  f"({kind})")
+
+    def _static(self, batch: pa.RecordBatch, lo: int, hi: int, key: str) -> None:
+        """Check that rows ``lo..hi`` (one series) hold the series' static values."""
+        for k, column in enumerate(self.static_names):
+            part = batch.column(column).slice(lo, hi - lo)
+            if part.null_count:
+                at = self._source_row(self.row + lo + _first_null(part))
+                raise SourceError(f"{self.name}: series {key!r}, row {at}, static column "
+                                  f"{column!r} is empty")
+            values = part.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            if not np.isfinite(values).all():
+                at = self._source_row(self.row + lo + int(np.flatnonzero(
+                    ~np.isfinite(values))[0]))
+                raise SourceError(f"{self.name}: series {key!r}, row {at}, static column "
+                                  f"{column!r} is NaN or infinite")
+            assert self.current_static is not None
+            if np.isnan(self.current_static[k]):
+                self.current_static[k] = values[0]
+            changed = np.flatnonzero(values != self.current_static[k])
+            if len(changed):
+                at = self._source_row(self.row + lo + int(changed[0]))
+                raise SourceError(
+                    f"{self.name}: series {key!r}, row {at}, static column {column!r}: "
+                    f"{values[changed[0]]:g} differs from the series' {self.current_static[k]:g}"
+                    "; a static column must hold one value per series")
+
     def batch(self, batch: pa.RecordBatch) -> None:
         """Stage one record batch: its values, cut into runs of one series each."""
         n = batch.num_rows
@@ -195,6 +241,8 @@ class _Stager:
             key = str(keys[lo]) if keys is not None else Path(self.name).stem
             if key != self.current:
                 self._start(key, self.row + int(lo))
+            if self.static_names:
+                self._static(batch, int(lo), int(hi), key)
             staged = [values[lo:hi].tobytes()]
             if times is not None:
                 self._check_times(times[lo:hi], self.row + int(lo))
@@ -296,6 +344,7 @@ class _Stager:
             self.digest.update(f"\0{key}\0".encode())
         self.current, self.current_first, self.current_rows = key, self.staged, 0
         self.last_time = None
+        self.current_static = np.full(len(self.static_names), np.nan)
 
     def _check_times(self, times: np.ndarray, row: int) -> None:
         previous = np.concatenate([[self.last_time], times[:-1]]) if self.last_time is not None \
@@ -320,7 +369,9 @@ class _Stager:
             path=str(self.values_path), first_row=self.current_first, rows=self.current_rows,
             dtype=self.dtype, step_shape=(len(self.features),), source_id=self.source_id,
             features=tuple(self.features), time_unit=self.unit, time_zone=self.tz,
-            times_path=str(self.times_path) if self.options.time_col else "")
+            times_path=str(self.times_path) if self.options.time_col else "",
+            static=tuple(float(v) for v in self.current_static)
+            if self.current_static is not None else ())
         if self.options.time_col is not None:
             self._timing(series)
         self.series.append(series)
@@ -475,7 +526,8 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
     name, source_id = _identify(source)
     needed = None
     if options.columns:
-        needed = [c for c in (options.series_col, options.time_col, *options.columns) if c]
+        needed = [c for c in (options.series_col, options.time_col, *options.columns,
+                              *(options.static_columns or ())) if c]
     try:
         return _stage(_batches(source, name, needed),
                       _Stager(name, options, staging, source_id, allow_missing), name)

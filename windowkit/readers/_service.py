@@ -1,0 +1,100 @@
+"""``tf.data`` service: a split read by the graph alone, so that remote tf.data
+workers (TensorFlow, no windowkit) can run it.
+
+The other pipelines read rows with the format's Python row reader (in a
+``py_function``), which does not travel to a tf.data worker. A format whose
+files TensorFlow reads by itself offers a graph reader
+(``open_graph_reader``: TFRecord, through ``TFRecordDataset``); then:
+
+1. the shard files holding pieces (one series inside one block, with its
+   halo) with windows of the split are the pipeline's source: the service
+   hands them out among its workers, each file to one worker per epoch;
+2. each piece's windows are cut in one ``tf.gather`` (a graph-side lookup
+   from piece to window starts, as in block groups), then mixed in a shuffle
+   buffer of about ``cache_bytes`` and batched on the worker;
+3. on the trainer, ``rebatch``: the workers' last, partial batches are merged,
+   so every batch but the epoch's last is full.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from windowkit.errors import InvalidSpecError
+from windowkit.location import is_remote
+from windowkit.readers._cut import PREFETCH_BATCHES, window_cutter
+from windowkit.readers._parts import BatchParts
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from windowkit.readers.plan import ReadPlan
+
+
+def check_service_plan(plan: ReadPlan, *, shuffle: bool | str) -> None:
+    """One line if ``plan`` cannot be read through the tf.data service."""
+    if not hasattr(plan.storage, "open_graph_reader"):
+        raise InvalidSpecError(
+            f"{plan.path}: service= needs a store TensorFlow reads by itself (TFRecord); "
+            f"this {plan.format} store is read by Python (the format's row reader), which "
+            "tf.data workers cannot run; convert with --format tfrecord, or read without "
+            "the service")
+    if shuffle == "global":
+        raise InvalidSpecError("service= shuffles through a buffer on each worker; "
+                               "shuffle='global' is not available with it")
+    if is_remote(plan.path):
+        raise InvalidSpecError(f"{plan.path}: service= reads stores on a file system the "
+                               "tf.data workers share, not on object storage")
+    if plan.shard != (0, 1):
+        raise InvalidSpecError("service= splits the files among its workers itself; do "
+                               "not pass num_shards/shard_index or input_context")
+
+
+def service_batches(plan: ReadPlan, *, service: str, batch_size: int, shuffle: bool | str,
+                    seed: int, drop_remainder: bool, normalize: bool, cache_bytes: int,
+                    parts: BatchParts) -> tf.data.Dataset:
+    """The split's batches, read by the tf.data service's workers at ``service``
+    (a dispatcher address); each iteration is a new epoch."""
+    import tensorflow as tf
+
+    check_service_plan(plan, shuffle=shuffle)
+    ds = worker_pipeline(plan, batch_size=batch_size, shuffle=bool(shuffle), seed=seed,
+                         normalize=normalize, cache_bytes=cache_bytes, parts=parts)
+    ds = ds.apply(tf.data.experimental.service.distribute(
+        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
+        service=service))
+    return ds.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(PREFETCH_BATCHES)
+
+
+def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int,
+                    normalize: bool, cache_bytes: int, parts: BatchParts
+                    ) -> tf.data.Dataset:
+    """What each tf.data worker runs: the pieces of the store holding windows of
+    the split -> their windows -> shuffled batches, all in the graph."""
+    import tensorflow as tf
+
+    from windowkit.readers._groups import BlockWindows
+
+    reader = plan.storage.open_graph_reader(  # type: ignore[attr-defined]
+        plan.path / "data", plan.data, plan.reader_setup())
+    lookup = BlockWindows(plan.runs, reader.piece_first_row, reader.piece_rows)
+    cut = window_cutter(plan.spec, plan.normalizer() if normalize else None,
+                        plan.target_index, parts)
+    row_offset = tf.constant(plan.runs.row_offset, tf.int64)
+    piece_first = tf.constant(reader.piece_first_row, tf.int64)
+
+    def piece_windows(piece: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        starts = lookup.starts(piece[None], tf.zeros([1], tf.int64))
+        first_row = tf.gather(piece_first, piece)  # a piece is one series: one id
+        series = tf.fill(tf.shape(starts), tf.searchsorted(
+            row_offset, first_row[None], side="right")[0] - 1) if parts.series else None
+        return cut(rows, starts, series)
+
+    ds = reader.pieces(lookup.windows > 0, shuffle=shuffle, seed=seed)
+    ds = ds.map(piece_windows, num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=not shuffle).unbatch()
+    if shuffle:
+        window_bytes = plan.spec.span * plan.row_bytes
+        ds = ds.shuffle(max(batch_size, cache_bytes // window_bytes), seed=seed,
+                        reshuffle_each_iteration=True)
+    return ds.batch(batch_size)
