@@ -170,8 +170,12 @@ class WindowRuns:
 
     def global_starts(self, positions: np.ndarray) -> np.ndarray:
         """Global data rows where the windows at index ``positions`` start."""
+        return self.global_starts_and_series(positions)[0]
+
+    def global_starts_and_series(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`global_starts`, and each window's series (int32)."""
         series, start = self.locate(positions)
-        return self.row_offset[series] + start
+        return self.row_offset[series] + start, series.astype(np.int32)
 
     def starts_between(self, low: int, high: int) -> np.ndarray:
         """Global starts ``g`` with ``low <= g < high``, ascending, vectorized."""

@@ -24,7 +24,6 @@ from windowkit.readers import (
     WindowGather,
     check_shuffle,
 )
-from windowkit.readers._parts import series_of
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -228,15 +227,16 @@ class Store:
         ``return_series`` (see :mod:`windowkit.readers._parts`)."""
         self._split(split)
         runs = self.runs(split)
-        starts = runs.global_starts(np.asarray(positions, dtype=np.int64).ravel())
+        starts, series = runs.global_starts_and_series(
+            np.asarray(positions, dtype=np.int64).ravel())
         with self._lock:
             if self._gather is None:
                 self._gather = self.window_gather()
             gather = self._gather
         parts = self.rows.parts(return_series)
-        x, y_all = gather.resolve(starts, None)
-        series = series_of(runs.row_offset, starts) if parts.series else None
-        return parts.assemble(x, y_all, series, targets=self.target_index,
+        x, horizon = gather.resolve(starts, parts.horizon_columns(self.target_index))
+        return parts.assemble(x, horizon, series if parts.series else None,
+                              targets=self.target_index,
                               norm=self.rows.normalizer() if normalize else None)
 
     def _shard_plan(self, split: str, num_shards: int | None, shard_index: int | None

@@ -83,6 +83,12 @@ class EpochOrder:
         lo = index * batch_size
         return self.starts(lo, min(lo + batch_size, self.total))
 
+    def batch_with_series(self, index: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`batch`, and the series (int32) of each of its windows."""
+        lo = index * batch_size
+        return self.runs.global_starts_and_series(
+            self.positions(lo, min(lo + batch_size, self.total)))
+
 
 class WindowOrder:
     """Every epoch's window order for one split (seeded; cheap to pickle)."""

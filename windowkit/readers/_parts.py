@@ -19,6 +19,7 @@ with its own columns' training statistics (``series`` is an id, never).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -44,10 +45,16 @@ class BatchParts:
     def static_table(self, normalize: bool) -> np.ndarray | None:
         """``[series, S]`` static values (normalized with their training
         statistics when asked), float32 (float64 for float64 stores)."""
+        return self._normalized_static if normalize else self._static
+
+    @cached_property
+    def _static(self) -> np.ndarray | None:
+        return None if self.static is None else self.static.astype(self.static_dtype)
+
+    @cached_property
+    def _normalized_static(self) -> np.ndarray | None:
         if self.static is None:
             return None
-        if not normalize:
-            return self.static.astype(self.static_dtype)
         if self.static_stats is None:
             raise StoreError("the store has no statistics of its static features (no "
                              "training series); normalize=True is refused")
@@ -55,29 +62,35 @@ class BatchParts:
                           dtype=np.dtype(self.static_dtype))
         return norm(self.static)
 
-    def assemble(self, x: np.ndarray, y_all: np.ndarray | None, series: np.ndarray | None,
+    def horizon_columns(self, targets: np.ndarray | None) -> np.ndarray | None:
+        """The columns to read over the horizon: the targets (None: every
+        column), then the known-future columns, if any."""
+        if self.known is None or targets is None:
+            return targets
+        return np.concatenate([targets, self.known])
+
+    def assemble(self, x: np.ndarray, horizon: np.ndarray | None, series: np.ndarray | None,
                  *, targets: np.ndarray | None, norm: Normalizer | None) -> Any:
-        """A batch from its windows' inputs ``x``, their horizon rows ``y_all``
-        (every column) and their series ids."""
-        y = None if y_all is None else (y_all if targets is None else y_all[:, :, targets])
+        """A batch from its windows' inputs ``x``, their horizon rows (the
+        :meth:`horizon_columns`) and their series ids."""
+        y, known = horizon, None
+        if horizon is not None and self.known is not None:
+            if targets is None:  # every column is a target; the known ones follow
+                known = horizon[:, :, self.known]
+            else:  # views, no copies
+                y, known = horizon[:, :, :len(targets)], horizon[:, :, len(targets):]
         if norm is not None:
             x = norm(x)
             y = None if y is None else norm.select(targets)(y)
         if not self.as_dict:
             return x if y is None else (x, y)
         parts: dict[str, np.ndarray] = {"inputs": x}
-        if self.known is not None and y_all is not None:
-            known = y_all[:, :, self.known]
+        if known is not None:
             parts["future_known"] = known if norm is None else norm.select(self.known)(known)
-        if self.static is not None and series is not None:
-            table = self.static_table(norm is not None)
-            assert table is not None
-            parts["static"] = table[series]
+        static = self.static_table(norm is not None)
+        if static is not None and series is not None:
+            parts["static"] = static[series]
         if self.series and series is not None:
             parts["series"] = np.asarray(series, dtype=np.int32)
         return parts if y is None else (parts, y)
 
-
-def series_of(row_offset: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The series (int32) holding each global row in ``starts``."""
-    return (np.searchsorted(row_offset, starts, side="right") - 1).astype(np.int32)

@@ -43,7 +43,6 @@ from windowkit.readers import (
     num_batches,
 )
 from windowkit.readers._global import check_memory_budget
-from windowkit.readers._parts import series_of
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -179,11 +178,15 @@ class WindowPyDataset(keras.utils.PyDataset):
             raise IndexError(f"batch {index} is out of range for {n} batches")
         i = i % n + self._first_batch
         local = self._process_local()
-        starts = self._epoch_order(local).batch(i, self.batch_size)
-        x, y_all = local.gather.resolve(starts, None)
-        series = series_of(self.plan.runs.row_offset, starts) if self.parts.series else None
-        return self.parts.assemble(x, y_all, series, targets=self.plan.target_index,
-                                   norm=local.normalizer)
+        order, parts = self._epoch_order(local), self.parts
+        series = None
+        if parts.series:
+            starts, series = order.batch_with_series(i, self.batch_size)
+        else:
+            starts = order.batch(i, self.batch_size)
+        x, horizon = local.gather.resolve(starts, parts.horizon_columns(self.plan.target_index))
+        return parts.assemble(x, horizon, series, targets=self.plan.target_index,
+                              norm=local.normalizer)
 
     def on_epoch_end(self) -> None:
         """Move on to the next epoch's order (``fit`` also calls this once before
