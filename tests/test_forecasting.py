@@ -208,6 +208,26 @@ def test_static_features_of_arrays(tmp_path: Path, fmt: str) -> None:
     np.testing.assert_array_equal(x["static"][:, 0], np.array([1.5, 2.5, 3.5])[x["series"]])
 
 
+@pytest.mark.parametrize(("value", "message"), [
+    (None, "static feature 'area' of series 1 is nan \\(missing or not finite\\)"),
+    ("big", "static features are not numbers"),
+])
+def test_a_damaged_static_feature_is_one_store_error(tmp_path: Path, value: Any,
+                                                     message: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store = wk.convert(_tagged([50, 30, 70]), tmp_path / "s", format="zarr",
+                       window=wk.WindowSpec(4, horizon=1), static={"area": [1.5, 2.5, 3.5]})
+    path = store.path / "series.parquet"
+    table = pq.read_table(path)
+    column = table.column_names.index("static_area")
+    values = pa.array([1.5, value, 3.5]) if value is None else pa.array(["1.5", value, "3.5"])
+    pq.write_table(table.set_column(column, "static_area", values), path)
+    with pytest.raises(wk.StoreError, match=message):
+        wk.open_store(store.path).windows("train", [0])
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["--static-columns", "price", "--columns", "sales"], "static column 'price': "),
     (["--static-columns", "nope"], "no static column 'nope'"),

@@ -126,8 +126,18 @@ class Store:
         if missing:
             raise StoreError(f"{self.path / 'series.parquet'}: no column "
                              f"{STATIC_PREFIX + missing[0]!r} for static feature {missing[0]!r}")
-        return np.column_stack([table.column(STATIC_PREFIX + n).to_numpy().astype(np.float64)
-                                for n in names])
+        where = self.path / "series.parquet"
+        try:
+            values = np.column_stack([table.column(STATIC_PREFIX + n).to_numpy()
+                                      .astype(np.float64) for n in names])
+        except (ValueError, TypeError) as exc:  # ArrowInvalid is a ValueError
+            raise StoreError(f"{where}: static features are not numbers ({exc})") from exc
+        bad = np.argwhere(~np.isfinite(values))
+        if len(bad):  # conversion writes only finite values: the table was changed
+            series, column = bad[0]
+            raise StoreError(f"{where}: static feature {names[column]!r} of series {series} "
+                             f"is {values[series, column]} (missing or not finite)")
+        return values
 
     @property
     def splits(self) -> list[str]:
@@ -223,8 +233,8 @@ class Store:
                 return_series: bool = False) -> Windows:
         """Windows at ``positions`` of the split's index (random access): ``x`` or,
         with a horizon, ``(x, y)``; ``x`` is a dict of parts (``inputs``,
-        ``future_known``, ``series``) when the store has known-future columns or
-        ``return_series`` (see :mod:`windowkit.readers._parts`)."""
+        ``future_known``, ``static``, ``series``) when the store has known-future
+        or static columns, or ``return_series`` (see :mod:`windowkit.readers._parts`)."""
         self._split(split)
         runs = self.runs(split)
         starts, series = runs.global_starts_and_series(
@@ -273,8 +283,9 @@ class Store:
         ``service`` (a tf.data dispatcher's address, TFRecord stores): the
         split's files are read by the service's workers, each file by one
         worker per epoch, windows mixed in a buffer of ``cache_bytes``.
-        With known-future columns in the store, or ``return_series``, ``x`` is
-        a dict ``{"inputs", "future_known", "series"}`` (the keys configured).
+        With known-future or static columns in the store, or ``return_series``,
+        ``x`` is a dict ``{"inputs", "future_known", "static", "series"}`` (the
+        keys configured).
         """
         check_int("batch_size", batch_size, 1)
         mode = check_shuffle(shuffle)
