@@ -88,6 +88,31 @@ def test_random_access_and_keys_present_only_when_configured(tmp_path: Path,
     assert set(x) == {"inputs", "series"}
 
 
+@pytest.mark.parametrize(("known", "targets"), [
+    ([2, 3], [1]),  # targets then known: one run of columns
+    ([3], None),  # every column a target, one of them also known ahead
+    ([0], [3, 2]),  # targets out of order, known before them
+])
+@pytest.mark.parametrize("reader", ["blocks", "global", "keras"])
+def test_every_layout_of_target_and_known_columns(tmp_path: Path, fmt: str,
+                                                  arrays: list[np.ndarray], reader: str,
+                                                  known: list[int],
+                                                  targets: list[int] | None) -> None:
+    store = wk.convert(arrays, tmp_path / "s", format=fmt, window=SPEC, block_rows=64,
+                       known_columns=[str(k) for k in known],
+                       target_columns=None if targets is None else [str(t) for t in targets])
+    y_columns = list(range(4)) if targets is None else targets
+    seen = 0
+    for x, y in _batches(store, reader):
+        for i in range(len(y)):
+            rows = arrays[int(x["inputs"][i, 0, 0])]
+            r = int(x["inputs"][i, 0, 1])
+            np.testing.assert_array_equal(x["future_known"][i], rows[r + 6:r + 9][:, known])
+            np.testing.assert_array_equal(y[i], rows[r + 6:r + 9][:, y_columns])
+        seen += len(y)
+    assert seen == store.num_windows("train")
+
+
 @pytest.mark.parametrize("reader", ["blocks", "global", "keras"])
 def test_each_part_is_normalized_with_its_own_columns(store: wk.Store, reader: str) -> None:
     stats = store.manifest.normalization

@@ -177,52 +177,63 @@ def child_shard(store_path: str, num_shards: str, shard_index: str, shuffle: str
             "read_bytes": io().read_chars - before, "peak_rss_mb": peak_rss_mb()}
 
 
-PARTS_EPOCHS = 3  # per measurement: one epoch (~0.3 s) is shorter than the machine's noise
+PARTS_EPOCHS = 2  # per measurement: one epoch (~0.3 s) is shorter than the machine's noise
 
 
-def child_parts(store_path: str, reader: str, parts: str) -> dict[str, Any]:
-    """``PARTS_EPOCHS`` epochs (after 5 warm-up batches) of plain ``(x, y)``
-    batches, or of dict batches (``inputs``, ``future_known``, ``series``)."""
+def _parts_epochs(store_path: str, reader: str, as_dict: bool) -> Callable[[], int]:
+    """A function that reads ``PARTS_EPOCHS`` epochs of a store's training
+    batches and returns how many windows it read: plain ``(x, y)`` batches, or
+    dict batches (``inputs``, ``future_known``, ``series``). Warmed up."""
     import windowkit as wk
 
     store = wk.open_store(store_path)
-    series = parts == "dict"
     if reader == "tf":  # consumed in the graph, as model.fit does (not tensor by tensor)
         import tensorflow as tf
 
-        ds = store.tf_dataset("train", BATCH, seed=0, return_series=series)
-        it = iter(ds.repeat(PARTS_EPOCHS))
-        first = next(it)
-        assert isinstance(first[0], dict) == series, "the store does not give the asked batches"
-        for _ in range(5):  # warm-up
-            next(it)
+        ds = store.tf_dataset("train", BATCH, seed=0, return_series=as_dict)
+        first = next(iter(ds))
+        assert isinstance(first[0], dict) == as_dict, "the store does not give the asked batches"
+        epochs = ds.repeat(PARTS_EPOCHS)
 
         @tf.function
         def drain(iterator: Any) -> Any:
             count = tf.constant(0, tf.int64)
             for x, _ in iterator:
-                count += tf.shape(x["inputs"] if series else x, out_type=tf.int64)[0]
+                count += tf.shape(x["inputs"] if as_dict else x, out_type=tf.int64)[0]
             return count
 
-        drain.get_concrete_function(it)  # traced before the clock starts
-        start = time.perf_counter()
-        windows = int(drain(it))
-        seconds = time.perf_counter() - start
-        return {"windows_s": windows / seconds, "windows": windows,
-                "peak_rss_mb": peak_rss_mb()}
-    keras_ds = store.keras_dataset("train", BATCH, seed=0, return_series=series)
+        drain(iter(ds.take(8)))  # traced, and the pipeline's functions warm
+        return lambda: int(drain(iter(epochs)))
+    keras_ds = store.keras_dataset("train", BATCH, seed=0, return_series=as_dict)
+    first = keras_ds[0]
+    assert isinstance(first[0], dict) == as_dict, "the store does not give the asked batches"
 
-    def epochs() -> Iterator[Any]:
+    def read() -> int:
+        windows = 0
         for _ in range(PARTS_EPOCHS):
-            yield from (keras_ds[i] for i in range(len(keras_ds)))
+            for i in range(len(keras_ds)):
+                x, _ = keras_ds[i]
+                windows += len(x["inputs"] if as_dict else x)
             keras_ds.on_epoch_end()
+        return windows
 
-    batches = epochs()
-    first = next(batches)
-    assert isinstance(first[0], dict) == series, "the store does not give the asked batches"
-    windows, seconds = _time_batches(
-        (x["inputs"] if isinstance(x, dict) else x for x, _ in batches), None)
-    return {"windows_s": windows / seconds, "windows": windows, "peak_rss_mb": peak_rss_mb()}
+    return read
+
+
+def child_parts(plain_store: str, dict_store: str, reader: str, rounds: str) -> dict[str, Any]:
+    """Plain and dict batches of the same data, read in one process, ``rounds``
+    times each, alternating (plain first in even rounds, dict first in odd
+    ones): both see the same process and the same machine load."""
+    readers = {"plain": _parts_epochs(plain_store, reader, False),
+               "dict": _parts_epochs(dict_store, reader, True)}
+    runs: dict[str, list[float]] = {"plain": [], "dict": [], "plain_cpu": [], "dict_cpu": []}
+    for r in range(int(rounds)):
+        for parts in ("plain", "dict") if r % 2 == 0 else ("dict", "plain"):
+            start, cpu = time.perf_counter(), time.process_time()
+            windows = readers[parts]()
+            runs[parts].append(windows / (time.perf_counter() - start))
+            runs[parts + "_cpu"].append(windows / (time.process_time() - cpu))
+    return {**runs, "peak_rss_mb": peak_rss_mb()}
 
 
 def child_forecast_convert(source: str, out: str, fmt: str, known: str) -> dict[str, Any]:
@@ -405,24 +416,29 @@ def forecasting(rounds: int) -> None:
     _make_throughput_data(source_dir)
     print(f"forecasting stores: the throughput data, L={LENGTH}, horizon 8, target column 0; "
           f"plain: (x, y) batches; dict: known columns 1-3 and return_series=True; "
-          f"batch {BATCH}, {PARTS_EPOCHS} epochs each after 5 warm-up batches, {rounds} "
-          f"rounds alternating plain and dict: medians, and the median of the rounds' ratios")
-    print(f"{'reader':<22}{'(x, y) windows/s':>18}{'dict windows/s':>16}{'dict / plain':>14}")
+          f"batch {BATCH}; one process per reader reads plain and dict {PARTS_EPOCHS} epochs "
+          f"at a time, alternating, {rounds} times each: medians, and the median (quartiles) "
+          f"of the rounds' dict / plain ratios")
+    print(f"{'reader':<18}{'(x, y) windows/s':>18}{'dict windows/s':>16}{'dict / plain':>14}"
+          f"{'quartiles':>15}{'per CPU second':>16}")
     for f in _formats():
         stores = {"plain": OUT / f"forecast-plain-{f}", "dict": OUT / f"forecast-{f}"}
         for parts, store in stores.items():
             _run_child("forecast_convert", str(source_dir / "*.npy"), str(store), f,
                        "yes" if parts == "dict" else "no")
         for reader in ("tf", "keras"):
-            runs: dict[str, list[float]] = {"plain": [], "dict": []}
-            for _ in range(rounds):  # alternate, so both see the same machine load
-                for parts, store in stores.items():
-                    runs[parts].append(_run_child("parts", str(store), reader,
-                                                  parts)["windows_s"])
+            runs = _run_child("parts", str(stores["plain"]), str(stores["dict"]), reader,
+                              str(rounds))
             # each round's pair saw the same load: the median of their ratios
-            ratio = float(np.median(np.divide(runs["dict"], runs["plain"])))
-            plain, dict_ = float(np.median(runs["plain"])), float(np.median(runs["dict"]))
-            print(f"{f + ' ' + reader:<22}{plain:>18,.0f}{dict_:>16,.0f}{ratio:>13.2f}x")
+            ratios = np.divide(runs["dict"], runs["plain"])
+            low, mid, high = np.percentile(ratios, [25, 50, 75])
+            cpu = np.median(np.divide(runs["dict_cpu"], runs["plain_cpu"]))
+            print(f"{f + ' ' + reader:<18}{np.median(runs['plain']):>18,.0f}"
+                  f"{np.median(runs['dict']):>16,.0f}{mid:>13.2f}x{low:>8.2f}-{high:.2f}x"
+                  f"{cpu:>15.2f}x", flush=True)
+    print("per CPU second: the same ratio of windows per second of the process's CPU time, "
+          "which other processes on the machine disturb less")
+    print("bar: dict batches within 10% of plain batches (dict / plain >= 0.90)")
 
 
 def _memory_source(gib: float) -> tuple[Path, int]:
@@ -581,7 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("shuffling")
     p.add_argument("--rounds", type=int, default=2)
     p = sub.add_parser("forecasting")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=15)
     p = sub.add_parser("child")
     p.add_argument("name", choices=sorted(CHILDREN))
     p.add_argument("args", nargs="*")

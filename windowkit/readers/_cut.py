@@ -43,14 +43,12 @@ class WindowCutter:
     def prepare(self, rows: tf.Tensor, *, narrow: bool = True) -> tuple[tf.Tensor, ...]:
         """``(rows, target rows, known rows)``: the narrow ones only where needed;
         ``narrow=False``: ``(rows,)``, no copies (each batch picks its columns)."""
-        import tensorflow as tf
-
         if self._horizon is None or not narrow:
             return (rows,)
-        target_rows = rows if self._targets is None else tf.gather(rows, self._targets, axis=1)
+        target_rows = rows if self._targets is None else _columns(rows, self._targets)
         if self._known is None:
             return rows, target_rows
-        return rows, target_rows, tf.gather(rows, self._known, axis=1)
+        return rows, target_rows, _columns(rows, self._known)
 
     def _normalized(self, values: tf.Tensor, columns: np.ndarray | None) -> tf.Tensor:
         import tensorflow as tf
@@ -88,6 +86,17 @@ class WindowCutter:
         if parts.series and series is not None:
             out["series"] = tf.cast(series, tf.int32)
         return out if y is None else (out, y)
+
+
+def _columns(rows: tf.Tensor, columns: np.ndarray) -> tf.Tensor:
+    """``rows[:, columns]``: a slice (a faster copy) when the columns are a run,
+    else a gather."""
+    import tensorflow as tf
+
+    first = int(columns[0]) if len(columns) else 0
+    if np.array_equal(columns, np.arange(first, first + len(columns))):
+        return rows[:, first:first + len(columns)]
+    return tf.gather(rows, columns, axis=1)
 
 
 def window_cutter(spec: WindowSpec, norm: Normalizer | None,
