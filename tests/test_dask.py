@@ -39,6 +39,22 @@ def _tree(root: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
+def _on_dask_to_s3(tmp_path: Path, cluster: object, url: str,
+                   options: dict[str, object]) -> wk.Store:
+    """Convert the test sources locally and on the cluster to ``url``; assert the
+    uploaded store equals the local one byte for byte; the local store."""
+    import fsspec
+
+    sources = [str(p) for p in _npy_sources(tmp_path / "src")]
+    local = wk.convert(sources, tmp_path / "local", **options)
+    with distributed.Client(cluster, set_as_default=False) as client:
+        wk.convert(sources, url, dask=client, **options)
+    fs = fsspec.filesystem("s3")
+    for name, data in _tree(local.path).items():
+        assert fs.cat(f"{url.removeprefix('s3://')}/{name}") == data, name
+    return local
+
+
 def test_dask_gives_the_store_a_local_conversion_gives(tmp_path: Path, fmt: str,
                                                        cluster: object) -> None:
     sources = [str(p) for p in _npy_sources(tmp_path / "src")]
@@ -59,15 +75,10 @@ def test_dask_workers_upload_their_shards_to_s3(tmp_path: Path, cluster: object,
     import fsspec
 
     monkeypatch.setenv("WINDOWKIT_CACHE", str(tmp_path / "cache"))
-    sources = [str(p) for p in _npy_sources(tmp_path / "src")]
-    options = {"format": "tfrecord", "window": 16, "block_rows": 256, "shards": 4}
-    local = wk.convert(sources, tmp_path / "local", **options)
     url = f"{s3_bucket}/store"
-    with distributed.Client(cluster, set_as_default=False) as client:
-        wk.convert(sources, url, dask=client, **options)
+    _on_dask_to_s3(tmp_path, cluster, url,
+                   {"format": "tfrecord", "window": 16, "block_rows": 256, "shards": 4})
     fs = fsspec.filesystem("s3")
-    for name, data in _tree(local.path).items():
-        assert fs.cat(f"{url.removeprefix('s3://')}/{name}") == data, name
     assert not fs.exists(url.removeprefix("s3://") + ".windowkit-partial")
 
 
@@ -104,21 +115,12 @@ def test_forecasting_stores_on_dask_and_s3_equal_a_local_conversion(
     """Known-future and static columns and history-context splits: converted
     on the cluster to s3://, the store equals a local conversion byte for
     byte, and reads the same dict batches."""
-    import fsspec
-
     monkeypatch.setenv("WINDOWKIT_CACHE", str(tmp_path / "cache"))
-    sources = [str(p) for p in _npy_sources(tmp_path / "src")]
-    options = {"format": fmt, "window": wk.WindowSpec(16, horizon=3), "block_rows": 256,
-               "shards": 3, "splits": "train=0.8,val=0.2", "split_context": "history",
-               "target_columns": ["0"], "known_columns": ["2", "3"],
-               "static": {"size": [1.0, 2.0, 3.0]}}
-    local = wk.convert(sources, tmp_path / "local", **options)
     url = f"{s3_bucket}/forecast-{fmt}"
-    with distributed.Client(cluster, set_as_default=False) as client:
-        wk.convert(sources, url, dask=client, **options)
-    fs = fsspec.filesystem("s3")
-    for name, data in _tree(local.path).items():
-        assert fs.cat(f"{url.removeprefix('s3://')}/{name}") == data, name
+    local = _on_dask_to_s3(tmp_path, cluster, url, {
+        "format": fmt, "window": wk.WindowSpec(16, horizon=3), "block_rows": 256, "shards": 3,
+        "splits": "train=0.8,val=0.2", "split_context": "history", "target_columns": ["0"],
+        "known_columns": ["2", "3"], "static": {"size": [1.0, 2.0, 3.0]}})
     remote = wk.open_store(url)
     positions = np.arange(remote.num_windows("val"))
     assert len(positions) > 0
