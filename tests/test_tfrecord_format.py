@@ -88,12 +88,13 @@ def _graph_ops(ds: tf.data.Dataset) -> set[str]:
 def test_the_epoch_order_is_in_the_graph_and_python_only_reads_groups(tmp_path: Path,
                                                                       fmt: str) -> None:
     """No generator: the sampler's order is computed by graph ops; Python runs
-    once per group of blocks (a py_function reading them), never per batch."""
+    once per group of blocks (a stateless numpy_function reading them), never per
+    batch."""
     store = wk.convert(_series([500, 300]), tmp_path / "s", format=fmt,
                        window=wk.WindowSpec(8, horizon=1), block_rows=64, shards=2)
     ops = _graph_ops(store.tf_dataset("train", 32, normalize=True))
     assert not {op for op in ops if "Generator" in op}
-    assert {"EagerPyFunc", "RandomDatasetV2", "StatelessShuffle", "GatherV2"} <= ops
+    assert {"PyFuncStateless", "RandomDatasetV2", "StatelessShuffle", "GatherV2"} <= ops
 
 
 def test_random_access_detects_a_flipped_byte(tmp_path: Path) -> None:

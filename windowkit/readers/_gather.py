@@ -28,7 +28,7 @@ DEFAULT_CACHE_BYTES = 24 << 20
 #: blocks hands them to one loader thread, so a slow read delays only the callers
 #: that need its block, and different callers' blocks load in parallel. Reads
 #: stay off the callers' threads (Keras workers, tf.data threads running
-#: ``py_function``s) so that decoders' per-thread caches (zstd contexts, Arrow
+#: ``numpy_function``s) so that decoders' per-thread caches (zstd contexts, Arrow
 #: and malloc arenas) exist at most this many times, not once per caller thread;
 #: threads start only when that many loads overlap, so one caller at a time
 #: keeps one loader thread, as before.

@@ -5,7 +5,7 @@ read through the format's row reader.
 a group of storage blocks (each followed by its halo of ``span - 1`` rows) and
 the positions in ``rows`` of the split's windows that start in them. The
 epoch's groups come from the sampler, computed in the graph (block ids only,
-never data); one ``py_function`` call per group reads its blocks with the
+never data); one ``numpy_function`` call per group reads its blocks with the
 format's row reader (neighbouring blocks as one range, checksums checked), one
 Python call per group of megabytes, ahead of the consumer.
 :class:`BlockWindows` finds the split's window starts per block, a ragged
@@ -217,7 +217,7 @@ def epoch_groups(sampler: Sampler) -> tf.data.Dataset:
 def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                  shuffle_blocks: int | None, cache_bytes: int,
                  with_series: bool = False) -> tf.data.Dataset:
-    """Groups of blocks read through the format's row reader, one ``py_function``
+    """Groups of blocks read through the format's row reader, one ``numpy_function``
     call per group: ``(rows, starts)``, the starts shuffled when asked; with
     ``with_series``, ``(rows, starts, series)``, each window's series id too."""
     import tensorflow as tf
@@ -234,8 +234,11 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
     dtype = tf.as_dtype(plan.dtype)
 
     def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        rows, offsets = tf.py_function(lambda b: loader(b.numpy()), [blocks],
-                                       [dtype, tf.int64])
+        # stateless: the rows depend only on the block ids (the loader's caches
+        # never change them); a stateful op makes symbolic checkpointing log a
+        # FAILED_PRECONDITION warning at every group
+        rows, offsets = tf.numpy_function(loader, [blocks], [dtype, tf.int64],
+                                          stateful=False)
         rows = tf.ensure_shape(rows, [None, *step_shape])
         offsets = tf.ensure_shape(offsets, [None])
         shuffle_seed = tf.stack([tf.constant(seed, tf.int64), key])

@@ -2,7 +2,7 @@
 workers (TensorFlow, no windowkit) can run it.
 
 The other pipelines read rows with the format's Python row reader (in a
-``py_function``), which does not travel to a tf.data worker. A format whose
+``numpy_function``), which does not travel to a tf.data worker. A format whose
 files TensorFlow reads by itself offers a graph reader
 (``open_graph_reader``: TFRecord, through ``TFRecordDataset``); then:
 
