@@ -23,11 +23,13 @@ class WindowCutter:
     """Cuts batches of windows from rows in the graph, one ``tf.gather`` per part.
 
     ``prepare(rows)`` runs once per tensor of rows (a group of blocks): it keeps
-    the target and known columns as their own, narrow row tensors, so that a
-    batch gathers exactly what it returns. ``cutter(prepared, starts, series)``
-    is the batch of the windows starting at ``starts``: ``x``, ``(x, y)``, or
-    with parts a dict ``x`` (see :mod:`windowkit.readers._parts`), normalized
-    when asked; ``y`` keeps the ``targets`` columns (None: all)."""
+    the horizon's columns (the targets, then the known-future columns) as one
+    narrow row tensor, so that one gather reads a batch's whole horizon (the
+    gather's cost is per slice: a second, narrower gather for the known columns
+    cost more than splitting one). ``cutter(prepared, starts, series)`` is the
+    batch of the windows starting at ``starts``: ``x``, ``(x, y)``, or with
+    parts a dict ``x`` (see :mod:`windowkit.readers._parts`), normalized when
+    asked; ``y`` keeps the ``targets`` columns (None: all)."""
 
     def __init__(self, spec: WindowSpec, norm: Normalizer | None,
                  targets: np.ndarray | None = None, parts: BatchParts | None = None) -> None:
@@ -38,17 +40,17 @@ class WindowCutter:
         self._horizon = tf.constant(horizon, dtype=tf.int64) if spec.horizon else None
         self._norm, self._targets, self._parts = norm, targets, parts
         self._known = parts.known if parts is not None else None
+        self._horizon_columns = targets if parts is None else parts.horizon_columns(targets)
         self._static = parts.static_table(norm is not None) if parts is not None else None
 
     def prepare(self, rows: tf.Tensor, *, narrow: bool = True) -> tuple[tf.Tensor, ...]:
-        """``(rows, target rows, known rows)``: the narrow ones only where needed;
-        ``narrow=False``: ``(rows,)``, no copies (each batch picks its columns)."""
+        """``(rows, horizon rows)``: the horizon's columns only where they are
+        not every column; ``narrow=False``: ``(rows,)``, no copy (each batch
+        picks its columns)."""
         if self._horizon is None or not narrow:
             return (rows,)
-        target_rows = rows if self._targets is None else _columns(rows, self._targets)
-        if self._known is None:
-            return rows, target_rows
-        return rows, target_rows, _columns(rows, self._known)
+        columns = self._horizon_columns
+        return rows, rows if columns is None else _columns(rows, columns)
 
     def _normalized(self, values: tf.Tensor, columns: np.ndarray | None) -> tf.Tensor:
         import tensorflow as tf
@@ -58,6 +60,22 @@ class WindowCutter:
         chosen = self._norm.select(columns)
         return (tf.cast(values, chosen.mean.dtype) - chosen.mean) * chosen.scale
 
+    def _horizon_parts(self, prepared: tuple[tf.Tensor, ...], starts: tf.Tensor
+                       ) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """The batch's targets ``[B, H, T]`` and known-future values ``[B, H, K]``
+        (None without known columns), from one gather of its horizon rows."""
+        import tensorflow as tf
+
+        horizon = tf.gather(prepared[-1], starts[:, None] + self._horizon)
+        known, targets = self._known, self._targets
+        if len(prepared) == 1 or targets is None:  # every column: pick the parts
+            y = horizon if targets is None else tf.gather(horizon, targets, axis=2)
+            return y, None if known is None else tf.gather(horizon, known, axis=2)
+        if known is None:  # the narrow rows are the targets' columns
+            return horizon, None
+        y, future = tf.split(horizon, [len(targets), len(known)], axis=2)  # targets, then known
+        return y, future
+
     def __call__(self, prepared: tuple[tf.Tensor, ...], starts: tf.Tensor,
                  series: tf.Tensor | None = None) -> Any:
         import tensorflow as tf
@@ -65,15 +83,7 @@ class WindowCutter:
         x = self._normalized(tf.gather(prepared[0], starts[:, None] + self._inputs), None)
         y = future = None
         if self._horizon is not None:
-            at = starts[:, None] + self._horizon
-            if len(prepared) > 1:  # narrow rows of the target and known columns
-                y = tf.gather(prepared[1], at)
-                future = tf.gather(prepared[2], at) if len(prepared) > 2 else None
-            else:
-                y_all = tf.gather(prepared[0], at)
-                y = y_all if self._targets is None else tf.gather(y_all, self._targets, axis=2)
-                future = (None if self._known is None
-                          else tf.gather(y_all, self._known, axis=2))
+            y, future = self._horizon_parts(prepared, starts)
             y = self._normalized(y, self._targets)
         parts = self._parts
         if parts is None or not parts.as_dict:
