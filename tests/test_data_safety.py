@@ -23,6 +23,7 @@ import windowkit as wk
 from tests.conftest import collect_epoch
 from tests.test_safety import SPEC, _convert, _interrupted_convert, _sources, _tree
 from windowkit.cli import main
+from windowkit.errors import carried_error
 from windowkit.sources import NpySeries
 from windowkit.verify import verify_store
 
@@ -372,17 +373,54 @@ def test_a_memory_error_while_reading_is_not_called_corruption(
         wk.open_store(store.path).windows("train", np.arange(4))
 
 
+def _damage_a_block(store: wk.Store) -> Path:
+    """Flip a byte in the middle of the store's first data file (not its metadata)."""
+    damaged = sorted(p for p in (store.path / "data").rglob("*")
+                     if p.is_file() and p.name not in ("zarr.json", "records.parquet"))[0]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    damaged.write_bytes(bytes(data))
+    return damaged
+
+
 def test_a_damaged_block_error_keeps_its_cause(tmp_path: Path, sources: list[Path],
                                                fmt: str) -> None:
     store = _convert(sources, tmp_path / "store", fmt)
-    name = sorted(str(p.relative_to(store.path)) for p in (store.path / "data").rglob("*")
-                  if p.is_file() and p.name not in ("zarr.json", "records.parquet"))[0]
-    data = bytearray((store.path / name).read_bytes())
-    data[len(data) // 2] ^= 0x55
-    (store.path / name).write_bytes(bytes(data))
+    _damage_a_block(store)
     with pytest.raises(wk.StoreError) as caught:
         wk.open_store(store.path).windows("train", np.arange(store.num_windows("train")))
     assert caught.value.__cause__ is not None
+
+
+@pytest.mark.parametrize("reader", ["tf", "keras"])
+def test_bench_of_a_damaged_store_is_one_line(tmp_path: Path, sources: list[Path], fmt: str,
+                                              reader: str) -> None:
+    """The tf.data reader's error comes through TensorFlow (its traceback inside):
+    the command still prints the windowkit line alone, naming where in the store
+    (the file; for Zarr, the array and its chunks)."""
+    store = _convert(sources, tmp_path / "store", fmt)
+    _damage_a_block(store)
+    result = CliRunner().invoke(main, ["bench", str(store.path), "--reader", reader,
+                                       "--batch-size", "8", "--warmup", "1", "--shuffle", "none"])
+    _one_line_error(result, f"windowkit: error: {store.path / 'data'}")
+
+
+def test_a_pipeline_error_is_the_windowkit_error_it_carries(tmp_path: Path,
+                                                           sources: list[Path]) -> None:
+    import tensorflow as tf
+
+    store = _convert(sources, tmp_path / "store", "tfrecord")
+    damaged = _damage_a_block(store)
+    with pytest.raises(tf.errors.OpError) as caught:
+        collect_epoch(wk.open_store(store.path).tf_dataset("train", 8, shuffle=False))
+    carried = carried_error(caught.value)
+    assert isinstance(carried, wk.StoreError) and "\n" not in str(carried)
+    assert str(carried).startswith(f"{damaged}: record "), carried
+    # a traceback that ends in another error (a bug, say) is never relabelled
+    bug = tf.errors.UnknownError(None, None, f"{caught.value.message}\n\nDuring handling of "
+                                 "the above exception, another exception occurred:\n\n"
+                                 "IndexError: index 9 is out of bounds")
+    assert carried_error(bug) is None
 
 
 # -- 6. disk space, table staging included ------------------------------------------------

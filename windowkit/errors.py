@@ -48,3 +48,32 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def carried_error(exc: BaseException) -> WindowkitError | None:
+    """The windowkit error that ``exc`` carries, else None.
+
+    A ``tf.data`` pipeline runs windowkit's Python code (a group read) inside
+    TensorFlow, which raises a Python error again as its own ``tf.errors.OpError``
+    with the traceback in its message. When the traceback ends in a windowkit
+    error, that error (same class, same one-line message) is returned; when it
+    ends in anything else (a bug, say), None: it is never relabelled."""
+    import importlib
+    import re
+
+    if isinstance(exc, WindowkitError):
+        return exc
+    text = str(getattr(exc, "message", exc))
+    lines = [line for line in text.splitlines()  # TensorFlow's node lines follow it
+             if line.strip() and not line.lstrip().startswith("[[")]
+    last = re.fullmatch(r"(windowkit(?:\.\w+)*)\.(\w+): (.+)", lines[-1]) if lines else None
+    if last is None:
+        return None
+    module, name, message = last.groups()
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    if not (isinstance(cls, type) and issubclass(cls, WindowkitError)):
+        return None
+    return cls(message)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from windowkit.errors import WindowkitError
+from windowkit.errors import WindowkitError, carried_error
 
 
 def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -23,6 +23,12 @@ def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as exc:
             click.echo(f"windowkit: error: {exc}", err=True)
             sys.exit(1)
+        except Exception as exc:  # a tf.data pipeline's error: the windowkit error inside
+            carried = carried_error(exc)
+            if carried is None:
+                raise
+            click.echo(f"windowkit: error: {carried}", err=True)
+            sys.exit(2)
 
     return wrapper
 
