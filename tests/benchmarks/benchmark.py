@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("shuffling")
     p.add_argument("--rounds", type=int, default=2)
     p = sub.add_parser("forecasting")
-    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=25)
     p = sub.add_parser("child")
     p.add_argument("name", choices=sorted(CHILDREN))
     p.add_argument("args", nargs="*")
