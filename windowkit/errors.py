@@ -7,6 +7,10 @@ so callers can catch either (``except ValueError`` works for bad input).
 
 from __future__ import annotations
 
+import importlib
+import numbers
+import re
+
 
 class WindowkitError(Exception):
     """Base class for every error windowkit raises on purpose."""
@@ -43,8 +47,6 @@ class StoreReplacedError(StoreError):
 def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` as an int if it is an integer (Python or NumPy, not bool) of at
     least ``minimum``; else one clear error naming ``name``."""
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
@@ -58,9 +60,6 @@ def carried_error(exc: BaseException) -> WindowkitError | None:
     with the traceback in its message. When the traceback ends in a windowkit
     error, that error (same class, same one-line message) is returned; when it
     ends in anything else (a bug, say), None: it is never relabelled."""
-    import importlib
-    import re
-
     if isinstance(exc, WindowkitError):
         return exc
     text = str(getattr(exc, "message", exc))
