@@ -7,7 +7,7 @@ DEMO   := demo
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test test-slow lint typecheck bench bench-memory bench-csv bench-remote fixtures clean
+.PHONY: install demo test test-slow lint typecheck docs bench bench-memory bench-csv bench-remote fixtures clean
 
 install: $(STAMP)
 
@@ -41,16 +41,23 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# the documentation site (mkdocs-material, API reference from the docstrings) into site/
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark throughput
 	$(BIN)/python -m tests.benchmarks.benchmark shuffling
 	$(BIN)/python -m tests.benchmarks.benchmark forecasting
+	$(BIN)/python -m tests.benchmarks.perf_page
 
 bench-memory: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark memory
+	$(BIN)/python -m tests.benchmarks.perf_page
 
 bench-csv: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark csv
+	$(BIN)/python -m tests.benchmarks.perf_page
 
 bench-remote: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.remote --latency-ms 20
@@ -59,4 +66,4 @@ fixtures: $(STAMP)
 	$(BIN)/python fixtures/make_fixtures.py
 
 clean:
-	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(DEMO) bench-out site .pytest_cache .mypy_cache .ruff_cache .hypothesis

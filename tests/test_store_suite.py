@@ -333,7 +333,7 @@ def test_index_table_and_manifest(fmt: str, tmp_path: Path) -> None:
     expected = [(s, r, 4) for s, n in enumerate([30, 3, 12]) for r in range(0, n - 4, 3)]
     assert index.tolist() == [list(t) for t in expected]
     info = store.info
-    assert info["format"] == fmt and info["format_version"] == 2
+    assert info["format"] == fmt and info["format_version"] == 3
     assert info["splits"]["train"]["windows"] == len(expected)
     assert info["series"] == {"count": 3, "too_short": 1, "gap_skipped_windows": 0,
                               "nan_skipped_windows": 0, "missing_rows": 0}

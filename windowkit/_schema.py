@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from windowkit.errors import StoreError
+
 #: Limits that keep allocations sized by a manifest bounded.
 MAX_ROWS = 1 << 48
 MAX_BLOCK_BYTES = 1 << 30  # one storage block, decoded
@@ -58,3 +60,25 @@ def context_value(info: Any, key: str) -> Any:
     """A value passed to validation as ``context`` (None when absent)."""
     context = getattr(info, "context", None) or {}
     return context.get(key)
+
+
+def check_columns(where: Any, schema: Any, expected: dict[str, Any], what: str, *,
+                  exact: bool = False) -> None:
+    """Raise :class:`StoreError` naming ``where`` unless the Arrow ``schema`` has each
+    column of ``expected`` (name: a pyarrow type, or a predicate on the type) and,
+    with ``exact``, no other column."""
+    names = list(schema.names)
+    if len(set(names)) != len(names):
+        raise StoreError(f"{where}: is not a {what} (a column name appears twice)")
+    for name, want in expected.items():
+        if name not in names:
+            raise StoreError(f"{where}: is not a {what} (no column {name!r})")
+        got = schema.field(name).type
+        ok = want(got) if callable(want) else got == want
+        if not ok:
+            wanted = getattr(want, "__doc__", None) if callable(want) else str(want)
+            raise StoreError(f"{where}: is not a {what} (column {name!r} is {got}, "
+                             f"expected {wanted})")
+    extra = [name for name in names if name not in expected]
+    if exact and extra:
+        raise StoreError(f"{where}: is not a {what} (unexpected column {extra[0]!r})")

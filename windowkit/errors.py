@@ -15,6 +15,12 @@ import re
 class WindowkitError(Exception):
     """Base class for every error windowkit raises on purpose."""
 
+    def __str__(self) -> str:
+        # one line, whatever a wrapped library's message held (pyarrow's span lines)
+        text = super().__str__()
+        return " ".join(part.strip() for part in text.splitlines() if part.strip()) \
+            if "\n" in text else text
+
 
 class InvalidSpecError(WindowkitError, ValueError):
     """A parameter (window length, stride, format, ...) is out of range."""
@@ -26,6 +32,26 @@ class SourceError(WindowkitError, ValueError):
 
 class SourceNotFoundError(SourceError, FileNotFoundError):
     """A source path does not exist."""
+
+
+class SourceChangedError(SourceError):
+    """A source file was rewritten or replaced while it was being converted."""
+
+
+class OutOfMemoryError(WindowkitError, MemoryError):
+    """The machine ran out of memory (or threads, processes) for the work asked."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM) stopped a command; it exits ``128 + signum``."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class StoreError(WindowkitError, OSError):

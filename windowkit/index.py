@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from windowkit._schema import check_columns
 from windowkit.errors import StoreError
 from windowkit.location import open_parquet
 from windowkit.spec import WindowSpec
@@ -116,12 +117,67 @@ class IndexWriter:
 
 def iter_index(path: Path, batch_rows: int = _INDEX_ROW_GROUP,
                columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """Stream an index table in record batches (never the whole table)."""
+    """Stream an index table in record batches (never the whole table), after
+    checking it is one: columns ``series:int32, start:int64, length:int32``."""
     try:
         table = open_parquet(path, page_checksum_verification=True)
+        check_columns(path, table.schema_arrow, dict(zip(INDEX_SCHEMA.names, INDEX_SCHEMA.types,
+                                                         strict=True)),
+                      "window index table", exact=True)
         yield from table.iter_batches(batch_size=batch_rows, columns=columns)
     except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+        if isinstance(exc, StoreError):
+            raise
         raise StoreError(f"{path}: cannot read window index table ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class IndexLimits:
+    """What every entry of one split's index table must satisfy: a window of
+    ``span`` rows of a series the store has, inside the rows ``[first, end)`` of
+    its series that the split's windows may lie in, of the spec's ``length``,
+    its start on the stride's grid counted from ``first`` (when ``grid``)."""
+
+    series_rows: np.ndarray  # int64 [series]
+    first: np.ndarray | None = None  # int64 [series] (None: 0)
+    end: np.ndarray | None = None  # int64 [series] (None: the series' rows)
+    span: int = 1
+    length: int | None = None  # the ``length`` column's value (None: unchecked)
+    grid: bool = False
+    stride: int = 1
+
+    def check(self, path: Path, row: int, series: np.ndarray, start: np.ndarray,
+              length: np.ndarray | None) -> None:
+        """Raise one :class:`StoreError` naming the table and the first bad row
+        (``row`` is the table row of ``series[0]``); vectorized."""
+        bad = (series < 0) | (series >= len(self.series_rows))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise StoreError(f"{path}: row {row + i}: series {int(series[i])} is not one of "
+                             f"the store's {len(self.series_rows)} series")
+        rows = self.series_rows[series]
+        first = np.zeros_like(start) if self.first is None else self.first[series]
+        end = rows if self.end is None else np.minimum(self.end[series], rows)
+        checks = [
+            ((start < 0) | (start + self.span > rows), "lies outside its series "
+             "({rows} rows)"),
+            ((start < first) | (start + self.span > end), "reaches outside the rows "
+             "{first}..{end} of its series that the split's windows lie in"),
+        ]
+        if self.grid and self.stride > 1:
+            checks.append(((start - first) % self.stride != 0,
+                           "is not on the stride's grid from row {first}"))
+        if length is not None and self.length is not None:
+            checks.append((length != self.length, "has length {length}, the store's "
+                           f"windows have {self.length}"))
+        for mask, why in checks:
+            if mask.any():
+                i = int(np.flatnonzero(mask)[0])
+                what = why.format(rows=int(rows[i]), first=int(first[i]), end=int(end[i]),
+                                  length=None if length is None else int(length[i]))
+                raise StoreError(f"{path}: row {row + i}: the window of series "
+                                 f"{int(series[i])} starting at row {int(start[i])} "
+                                 f"({self.span} rows) {what}")
 
 
 @dataclass(frozen=True)
@@ -249,48 +305,53 @@ class WindowRuns:
 
     @classmethod
     def from_index(cls, path: Path, *, stride: int, row_offset: np.ndarray,
-                   series_rows: np.ndarray, span: int = 1) -> WindowRuns:
-        """Build runs by streaming an index table, checking that every window
-        (``span`` rows from its start) lies inside its series."""
-        runs_series: list[np.ndarray] = []
-        runs_first: list[np.ndarray] = []
-        runs_count: list[np.ndarray] = []
-        prev_series, prev_start = -1, -1
-        for batch in iter_index(path, _RUNS_BATCH, columns=["series", "start"]):
-            series = batch.column("series").to_numpy().astype(np.int32, copy=False)
-            start = batch.column("start").to_numpy().astype(np.int64, copy=False)
-            if len(series) == 0:
+                   series_rows: np.ndarray | None = None, span: int = 1,
+                   limits: IndexLimits | None = None) -> WindowRuns:
+        """Build runs by streaming an index table, checking every entry against
+        ``limits`` (default: a window of ``span`` rows inside its series) and that
+        the table is sorted by ``(series, start)`` without repeats."""
+        if limits is None:
+            assert series_rows is not None
+            limits = IndexLimits(np.asarray(series_rows, dtype=np.int64), span=span)
+        runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        prev_series, prev_start, row = -1, -1, 0
+        for batch in iter_index(path, _RUNS_BATCH):
+            if batch.num_rows == 0:
                 continue
-            _check_bounds(path, series, start, series_rows, prev_series, prev_start, span)
+            for name, column in zip(batch.schema.names, batch.columns, strict=True):
+                if column.null_count:
+                    i = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                    raise StoreError(f"{path}: row {row + i}: no value in column {name!r}")
+            series = batch.column(0).to_numpy().astype(np.int32, copy=False)
+            start = batch.column(1).to_numpy().astype(np.int64, copy=False)
+            limits.check(path, row, series, start, batch.column(2).to_numpy())
+            _check_order(path, row, series, start, prev_series, prev_start)
             # a run may split at a batch boundary: still correct, still compact
             new_run = np.ones(len(series), dtype=bool)
             new_run[1:] = (series[1:] != series[:-1]) | (np.diff(start) != stride)
             heads = np.flatnonzero(new_run)
             ends = np.append(heads[1:], len(series))
-            runs_series.append(series[heads])
-            runs_first.append(start[heads])
-            runs_count.append((ends - heads).astype(np.int64))
+            runs.append((series[heads], start[heads], (ends - heads).astype(np.int64)))
             prev_series, prev_start = int(series[-1]), int(start[-1])
-        if not runs_series:
+            row += len(series)
+        if not runs:
             empty = np.empty(0, dtype=np.int64)
             return cls(empty.astype(np.int32), empty, empty, stride, row_offset)
-        return cls(
-            np.concatenate(runs_series), np.concatenate(runs_first),
-            np.concatenate(runs_count), stride, row_offset,
-        )
+        series, first, count = (np.concatenate(part) for part in zip(*runs, strict=True))
+        return cls(series, first, count, stride, row_offset)
 
 
-def _check_bounds(path: Path, series: np.ndarray, start: np.ndarray, series_rows: np.ndarray,
-                  prev_series: int, prev_start: int, span: int) -> None:
-    if series.min() < 0 or series.max() >= len(series_rows):
-        raise StoreError(f"{path}: index names a series that the store does not have")
-    outside = (start < 0) | (start + span > series_rows[series])
-    if outside.any():
-        i = int(np.flatnonzero(outside)[0])
-        raise StoreError(f"{path}: index holds a window outside its series (series "
-                         f"{int(series[i])}, start {int(start[i])}, {span} rows)")
-    all_series = np.concatenate([[prev_series], series])
-    all_start = np.concatenate([[prev_start], start])
-    step_series, step_start = np.diff(all_series), np.diff(all_start)
-    if not ((step_series > 0) | ((step_series == 0) & (step_start > 0))).all():
-        raise StoreError(f"{path}: index is not sorted by (series, start)")
+def _check_order(path: Path, row: int, series: np.ndarray, start: np.ndarray,
+                 prev_series: int, prev_start: int) -> None:
+    """Raise unless the entries follow ``(prev_series, prev_start)`` in strictly
+    ascending ``(series, start)`` order (no window twice)."""
+    step_series = np.diff(series, prepend=np.int32(prev_series))
+    step_start = np.diff(start, prepend=np.int64(prev_start))
+    bad = ~((step_series > 0) | ((step_series == 0) & (step_start > 0)))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        why = "repeats the window before it" if step_series[i] == 0 and step_start[i] == 0 \
+            else "comes before the entry above it"
+        raise StoreError(f"{path}: row {row + i}: (series {int(series[i])}, start "
+                         f"{int(start[i])}) {why}: the table is not sorted "
+                         "by (series, start) with each window once")

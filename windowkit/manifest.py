@@ -48,7 +48,7 @@ from windowkit.location import as_url_path, is_remote, remote_errors
 from windowkit.spec import WindowSpec
 
 MANIFEST_NAME = "windowkit.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 CHECKSUM = "sha256"
 MAX_MANIFEST_BYTES = 256 << 20
 STATIC_PREFIX = "static_"  # series.parquet column of a static feature: static_<name>
@@ -128,7 +128,7 @@ class _Statistics(Strict):
 
 
 class _Manifest(Strict):
-    format_version: Literal[2]
+    format_version: Literal[3]
     store_id: HexId
     format: Name
     dtype: Literal[DTYPES]  # type: ignore[valid-type]
@@ -189,6 +189,12 @@ class _Manifest(Strict):
         if stats is not None and {len(stats.mean), len(stats.std), len(stats.min),
                                   len(stats.max)} != {columns}:
             raise ValueError(f"normalization statistics must have {columns} values each")
+        if stats is not None:
+            check_statistics(stats, "normalization", self.dtype,
+                             self.total_rows * (items // max(1, columns)))
+        if self.static_statistics is not None:
+            check_statistics(self.static_statistics, "static_statistics", "float64",
+                             self.series.count)
         paths = [entry.path for entry in self.files]
         if len(set(paths)) != len(paths):
             raise ValueError("files lists a path twice")
@@ -200,6 +206,27 @@ class _Manifest(Strict):
             raise ValueError("files does not list series.parquet")
         return self
 
+
+def check_statistics(stats: _Statistics, where: str, dtype: str, values: int) -> None:
+    """Raise ``ValueError`` unless the statistics could be those of at most ``values``
+    values per column of ``dtype``: finite in the dtype normalization computes
+    in, ``min <= mean <= max``, ``0 <= std <= max - min``, ``1 / std`` finite."""
+    compute = np.float64 if dtype == "float64" else np.float32
+    limit = float(np.finfo(compute).max)
+    tiny = 1.0 / limit
+    if not 0 < stats.count <= values:
+        raise ValueError(f"{where}.count {stats.count} is not between 1 and {values} (the "
+                         "values per column)")
+    for k, (mean, std, low, high) in enumerate(zip(stats.mean, stats.std, stats.min,
+                                                   stats.max, strict=True)):
+        slack = 1e-9 * max(abs(low), abs(high))
+        if not all(abs(v) <= limit for v in (mean, std, low, high)) or not (
+                low <= high and low - slack <= mean <= high + slack):
+            raise ValueError(f"{where} of column {k}: mean {mean} is not within min {low} and "
+                             f"max {high}, or they are out of {compute.__name__}'s range")
+        if std < 0 or std > (high - low) * (1 + 1e-9) + slack or 0 < std < tiny:
+            raise ValueError(f"{where} of column {k}: std {std} is not in 0..max - min "
+                             f"({high - low}), or so small that 1/std overflows {compute.__name__}")
 
 
 @dataclass(frozen=True)
@@ -242,6 +269,9 @@ class Manifest:
             version = json.loads(raw).get("format_version")
         except (ValueError, AttributeError) as exc:
             raise StoreError(f"{where}: manifest is not a JSON object ({exc})") from exc
+        except RecursionError:
+            raise StoreError(f"{where}: manifest is not a windowkit manifest (JSON nested "
+                             "too deeply)") from None
         if version != FORMAT_VERSION:
             raise StoreError(f"{where}: store format version {version!r} is not supported "
                              f"(expected {FORMAT_VERSION}); convert the sources again")
@@ -318,6 +348,11 @@ def _read_remote_manifest(root: Path) -> bytes:
         try:
             size = int(path.stat().st_size)
         except FileNotFoundError:
+            if (root / ".windowkit-incomplete").exists():  # conversion._remote.INCOMPLETE
+                raise StoreError(f"{root}: not a windowkit store at the moment: the store is "
+                                 "being replaced (a conversion is publishing it); open it "
+                                 "again when it finishes, or if none runs, run that convert "
+                                 "again") from None
             raise StoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME}; check "
                              "the bucket and the prefix)") from None
         if size > MAX_MANIFEST_BYTES:
@@ -352,7 +387,7 @@ def read_store_id(root: Path) -> str | None:
     there is no readable manifest)."""
     try:
         value = json.loads(read_manifest_bytes(root)).get("store_id")
-    except (OSError, ValueError, AttributeError, StoreError):
+    except (OSError, ValueError, AttributeError, RecursionError, StoreError):
         return None
     return value if isinstance(value, str) else None
 
@@ -381,10 +416,13 @@ class StoreGuard:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_identity": None, "_asked_at": -math.inf}
 
-    def check(self) -> None:
+    def check(self, *, fresh: bool = False) -> None:
+        """Raise :class:`StoreReplacedError` if the store was replaced; ``fresh``
+        asks object storage now (before a read failure is called corruption)."""
         if is_remote(self.root):
             now = time.monotonic()
-            if self._identity is not None and now - self._asked_at < REMOTE_CHECK_SECONDS:
+            if (not fresh and self._identity is not None
+                    and now - self._asked_at < REMOTE_CHECK_SECONDS):
                 return
             identity, self._asked_at = self._remote_identity(), now
         else:

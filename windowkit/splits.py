@@ -133,8 +133,31 @@ class SplitPlan:
             ranges[has_rows, 0] = np.maximum(0, ranges[has_rows, 0] - history_rows)
         return ranges
 
+    def table_columns(self, *, context: str, history_rows: int) -> dict[str, np.ndarray]:
+        """``series.parquet`` columns recording, per split, the rows of each series
+        its windows lie in (:meth:`window_ranges`): what readers check the index
+        tables against (see :func:`window_range_columns`)."""
+        out: dict[str, np.ndarray] = {}
+        for k, name in enumerate(self.names):
+            ranges = self.window_ranges(k, context=context, history_rows=history_rows)
+            first, end = window_range_columns(name)
+            out[first], out[end] = ranges[:, 0].copy(), ranges[:, 1].copy()
+        return out
+
     def key(self) -> list[Any]:
         return [list(self.names), self.ranges.tolist()]
+
+
+def window_range_columns(split: str) -> tuple[str, str]:
+    """The ``series.parquet`` columns (int64) holding, per series, the first row
+    and the end (exclusive) of the rows the windows of ``split`` lie in."""
+    return f"split_{split}_first_row", f"split_{split}_end_row"
+
+
+def history_rows(spec: Any) -> int:
+    """Rows before a split that its windows' inputs may reach under the
+    ``history`` context (``L * sampling_rate``, with a horizon)."""
+    return int(spec.length * spec.sampling_rate) if spec.horizon else 0
 
 
 def split_names_for(cuts: int, fractions: dict[str, float] | None) -> tuple[str, ...]:

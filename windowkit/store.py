@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from windowkit._schema import check_columns
 from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError, check_int
 from windowkit.formats import RowReader
-from windowkit.index import WindowRuns, iter_index
+from windowkit.index import IndexLimits, WindowRuns, iter_index
 from windowkit.location import open_parquet, resolve
 from windowkit.manifest import STATIC_PREFIX, Manifest, StoreGuard
 from windowkit.readers import (
@@ -25,6 +26,7 @@ from windowkit.readers import (
     check_shuffle,
 )
 from windowkit.spec import WindowSpec
+from windowkit.splits import window_range_columns
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -155,44 +157,95 @@ class Store:
 
     @cached_property
     def series_table(self) -> Any:
-        """``series.parquet`` as a pyarrow Table (one row per series)."""
+        """``series.parquet`` as a pyarrow Table (one row per series), checked:
+        its columns and types, one row per series in order, rows and offsets
+        adding up to the store's rows, each split's row ranges inside its series."""
         path = self.path / "series.parquet"
         count = self.manifest.series["count"]
         try:
-            table = open_parquet(path, page_checksum_verification=True).read()
-            rows = table.column("rows").to_numpy().astype(np.int64)
-            offsets = table.column("row_offset").to_numpy().astype(np.int64)
-            missing = {"series", "key", "rows", "row_offset", "windows"} - set(table.column_names)
+            handle = open_parquet(path, page_checksum_verification=True)
+            check_columns(path, handle.schema_arrow, self._series_columns(), "series table")
+            table = handle.read()
         except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError(f"{path}: cannot read ({exc})") from exc
         self.guard.check()
-        if missing or len(table) != count:
-            raise StoreError(f"{path}: does not describe the store's {count} series")
+        if len(table) != count:
+            raise StoreError(f"{path}: holds {len(table)} series, the manifest says {count}")
+        missing = [name for name in self._series_columns() if table.column(name).null_count]
+        if missing:
+            raise StoreError(f"{path}: column {missing[0]!r} has missing values")
+        column = {name: table.column(name).to_numpy(zero_copy_only=False)
+                  for name in self._series_columns()}
+        if not np.array_equal(column["series"], np.arange(count)):
+            raise StoreError(f"{path}: column 'series' is not 0..{count - 1} in order")
+        rows, offsets = column["rows"], column["row_offset"]
         if (rows.min() < 1 or not np.array_equal(offsets, np.cumsum(rows) - rows)
                 or int(rows.sum()) != self.manifest.total_rows):
             raise StoreError(f"{path}: series rows and offsets do not add up to the store's "
                              f"{self.manifest.total_rows} rows")
+        for split in self.splits:
+            first, end = (column[name] for name in window_range_columns(split))
+            bad = np.flatnonzero((first < 0) | (end < first) | (end > rows))
+            if len(bad):
+                raise StoreError(f"{path}: series {int(bad[0])}: split {split!r} covers rows "
+                                 f"{int(first[bad[0]])}..{int(end[bad[0]])}, outside its "
+                                 f"{int(rows[bad[0]])} rows")
         return table
+
+    def _series_columns(self) -> dict[str, Any]:
+        """The columns ``series.parquet`` must have, and their types (or a check)."""
+        import pyarrow as pa
+
+        columns: dict[str, Any] = {"series": pa.int32(), "key": pa.string(),
+                                   "rows": pa.int64(), "row_offset": pa.int64(),
+                                   "windows": pa.int64()}
+        for split in self.splits:
+            columns.update(dict.fromkeys(window_range_columns(split), pa.int64()))
+        return columns  # static features: checked with their values (static_values)
+
+    def split_rows(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per series, the first row and the end of the rows the windows of
+        ``split`` lie in (``series.parquet``)."""
+        self._split(split)
+        first, end = window_range_columns(split)
+        table = self.series_table
+        return (table.column(first).to_numpy().astype(np.int64),
+                table.column(end).to_numpy().astype(np.int64))
 
     # -- the window index -------------------------------------------------------------
     def index(self, split: str = "train") -> np.ndarray:
         """The split's window index table as an ``[n, 3]`` int64 array
-        ``(series, start, length)``. This loads one entry per window."""
+        ``(series, start, length)``, each entry checked (:meth:`runs`). This loads
+        one entry per window."""
         path = self.path / self._split(split)["index"]
+        self.runs(split)
         parts = [np.column_stack([b.column(i).to_numpy() for i in range(3)]).astype(np.int64)
                  for b in iter_index(path)]
         return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
 
+    def index_limits(self, split: str) -> IndexLimits:
+        """What each entry of ``split``'s index table must satisfy (see
+        :class:`windowkit.index.IndexLimits`): on the stride's grid from the
+        split's first row unless time gaps or missing values cut the rows."""
+        m = self.manifest
+        first, end = self.split_rows(split)
+        cut = bool(m.series.get("time_column") or m.series.get("missing_rows"))
+        return IndexLimits(self.series_table.column("rows").to_numpy().astype(np.int64),
+                           first=first, end=end, span=self.spec.span, length=self.spec.length,
+                           grid=not cut, stride=self.spec.stride)
+
     def runs(self, split: str = "train") -> WindowRuns:
-        """The split's windows in compact form (memory grows with series, not windows)."""
+        """The split's windows in compact form (memory grows with series, not windows),
+        each index entry checked (:meth:`index_limits`)."""
         with self._lock:
             if split not in self._runs:
                 table = self.series_table
                 self._runs[split] = WindowRuns.from_index(
                     self.path / self._split(split)["index"], stride=self.spec.stride,
-                    row_offset=table.column("row_offset").to_numpy(),
-                    series_rows=table.column("rows").to_numpy(), span=self.spec.span,
-                )
+                    row_offset=table.column("row_offset").to_numpy().astype(np.int64),
+                    limits=self.index_limits(split))
                 self.guard.check()
                 if self._runs[split].total != self.num_windows(split):
                     raise StoreError(

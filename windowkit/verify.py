@@ -2,9 +2,13 @@
 
 The manifest must pass the schema every reader checks (types, ranges, paths
 inside the store, no links); every file it lists must exist with its recorded
-size and SHA-256, and no other file may be there; the data must hold the
-manifest's rows and every index table's windows must lie inside their series.
-Nothing is written, and no link is followed.
+size and SHA-256, and no other file may be there; the series table and every
+index table must pass the checks readers apply (columns and types, each window
+inside its series and its split's rows, of the store's length, sorted, each
+once); and every storage block is decoded through the format's row reader, so
+that its own checks (codec checksums, the block's digest, its rows' series and
+positions) run on all of it (``fast=True`` skips the decoding). Nothing is
+written, and no link is followed.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from windowkit._progress import progress_bar
 from windowkit.conversion import walk_files
-from windowkit.errors import WindowkitError
+from windowkit.errors import StoreError, WindowkitError
 from windowkit.formats import get_format
 from windowkit.location import is_remote, list_objects, resolve
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
@@ -29,17 +33,29 @@ def _walk(root: Path) -> list[tuple[str, bool]]:
     return [(name, False) for name in sorted(list_objects(root))]
 
 
-def verify_store(path: str | os.PathLike[str], *, progress: bool = False,
+def verify_store(path: str | os.PathLike[str], *, progress: bool = False, fast: bool = False,
                  storage_options: dict[str, Any] | None = None) -> list[str]:
     """Problems found in the store at ``path`` (a directory or a URL), one line
-    each naming the file (an empty list: the store is intact)."""
-    from windowkit.store import open_store
-
+    each naming the file (an empty list: the store is intact). ``fast``: check
+    the files' sizes and checksums and the tables, without decoding the data."""
     root = resolve(path, storage_options)
     try:
         manifest = Manifest.read(root)
     except WindowkitError as exc:
         return [str(exc)]
+    problems = _check_files(root, manifest, progress)
+    if problems:  # the structure checks below read the files just found damaged
+        return problems
+    try:
+        _check_tables(root, manifest, progress=progress, decode=not fast)
+    except (WindowkitError, OSError, ValueError, KeyError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        problems.append(message if message.startswith(str(root)) else f"{root}: {message}")
+    return problems
+
+
+def _check_files(root: Path, manifest: Manifest, progress: bool) -> list[str]:
+    """Every listed file present with its size and checksum, and no other file."""
     problems: list[str] = []
     listed = {entry.path: entry for entry in manifest.files}
     present = set()
@@ -65,16 +81,28 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False,
                 continue
             if file_digest(file, bar.update) != entry.sha256:
                 problems.append(f"{file}: checksum differs from the manifest ({CHECKSUM})")
-    if problems:  # the structure checks below read the files just found damaged
-        return problems
-    try:
-        rows = get_format(manifest.format).stored_rows(root, manifest.data)
-        if rows != manifest.total_rows:
-            problems.append(f"{root / 'data'}: holds {rows} rows, manifest says "
-                            f"{manifest.total_rows}")
-        store = open_store(root)  # already resolved: keeps its storage options
-        for split in store.splits:
-            store.runs(split)  # checks every window lies inside its series, and the count
-    except (WindowkitError, OSError, ValueError) as exc:
-        problems.append(str(exc))
     return problems
+
+
+def _check_tables(root: Path, manifest: Manifest, *, progress: bool, decode: bool) -> None:
+    """Raise the first problem of the data's row count, the series and index
+    tables (as readers check them), the static features and, with ``decode``,
+    any storage block."""
+    from windowkit.store import Store
+
+    rows = get_format(manifest.format).stored_rows(root, manifest.data)
+    if rows != manifest.total_rows:
+        raise StoreError(f"{root / 'data'}: holds {rows} rows, manifest says "
+                         f"{manifest.total_rows}")
+    store = Store(root)  # already resolved: keeps its storage options
+    for split in store.splits:
+        store.runs(split)  # every entry checked, and the count
+    store.static_values  # noqa: B018 -- checks the static features
+    if decode:
+        reader = store.row_reader()
+        step = manifest.block_rows
+        with progress_bar(total=manifest.total_rows, desc="decode", enabled=progress) as bar:
+            for start in range(0, manifest.total_rows, step):
+                stop = min(start + step, manifest.total_rows)
+                reader.read_rows(start, stop)
+                bar.update(stop - start)

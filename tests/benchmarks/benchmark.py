@@ -33,14 +33,25 @@ OUT = Path(os.environ.get("WINDOWKIT_BENCH_DIR", "bench-out"))
 SERIES, ROWS, FEATURES, LENGTH, BATCH = 20, 20_000, 16, 32, 256
 
 
-def _run_child(*args: str) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter; it prints one JSON line."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+def _run_child(*args: str, checks: bool = True) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter; it prints one JSON line.
+    With ``checks=False`` its readers skip the per-block digest checks (to
+    measure what they cost)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+           "WINDOWKIT_BENCH_CHECKS": "on" if checks else "off"}
     proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.benchmark", "child", *args],
                           capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark child {args} failed:\n{proc.stderr[-3000:]}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _save(part: str, **figures: Any) -> None:
+    """Keep a part's figures as ``OUT/<part>.json``: ``tests/benchmarks/perf_page.py``
+    writes them into the docs' performance page."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    figures.update(cores=os.cpu_count(), date=time.strftime("%Y-%m-%d", time.gmtime()))
+    (OUT / f"{part}.json").write_text(json.dumps(figures, indent=1))
 
 
 # -- measurements (run inside child processes) ----------------------------------------
@@ -79,6 +90,31 @@ def child_windowkit(store_path: str, batches: str, shuffle: str = "blocks") -> d
                           seed=0)
     windows, seconds = _time_batches(ds, None if batches == "epoch" else int(batches))
     return {"windows_s": windows / seconds, "windows": windows, "seconds": seconds,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def child_block_checks(store_path: str, rounds: str) -> dict[str, Any]:
+    """Every block (with its halo) read by the store's row reader, checks on and
+    off in turn in one process: best of ``rounds`` each (the readers' own cost,
+    without tf.data's)."""
+    import windowkit as wk
+    from windowkit.formats import _checks
+
+    store = wk.open_store(store_path)
+    reader, size, total = store.row_reader(), store.manifest.block_rows, store.manifest.total_rows
+    slots = [(b, min(total, b + size + store.spec.span - 1)) for b in range(0, total, size)]
+    best = {True: float("inf"), False: float("inf")}
+    try:
+        for _ in range(int(rounds)):
+            for on in (True, False):
+                _checks._CHECKS = on
+                start = time.perf_counter()
+                for a, b in slots:
+                    reader.read_rows(a, b)
+                best[on] = min(best[on], time.perf_counter() - start)
+    finally:
+        _checks._CHECKS = True
+    return {"blocks": len(slots), "on_s": best[True], "off_s": best[False],
             "peak_rss_mb": peak_rss_mb()}
 
 
@@ -270,6 +306,7 @@ CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "keras": child_keras, "materialized": child_materialized, "tf_import": child_tf_import,
     "permuted": child_permuted, "mixing": child_mixing, "shard": child_shard,
     "parts": child_parts, "forecast_convert": child_forecast_convert,
+    "block_checks": child_block_checks,
 }
 
 
@@ -305,17 +342,20 @@ def throughput(rounds: int) -> None:
     tf_base = _run_child("tf_import")
     readers = [(f, reader) for f in formats for reader in ("tf_dataset", "keras_dataset")]
     keras2 = [(f, "keras_dataset x2") for f in formats]
+    unchecked = [(f, f"{reader} unchecked") for f, reader in readers]
     results: dict[Any, list[dict[str, Any]]] = {
-        key: [] for key in ["materialized", *readers, *keras2]}
+        key: [] for key in ["materialized", *readers, *keras2, *unchecked]}
     for _ in range(rounds):  # alternate, so every reader sees the same machine load
         results["materialized"].append(_run_child("materialized", str(source_dir), "epoch"))
         for f, reader in readers:
             store = str(OUT / f"throughput-{f}")
-            if reader == "tf_dataset":
-                results[(f, reader)].append(_run_child("windowkit", store, "epoch"))
-                continue
-            results[(f, reader)].append(_run_child("keras", store, "epoch", "1"))
-            results[(f, "keras_dataset x2")].append(_run_child("keras", store, "epoch", "2"))
+            child = (("windowkit", store, "epoch") if reader == "tf_dataset"
+                     else ("keras", store, "epoch", "1"))
+            for checks in (True, False):  # checks on and off side by side
+                key = (f, reader if checks else f"{reader} unchecked")
+                results[key].append(_run_child(*child, checks=checks))
+            if reader == "keras_dataset":
+                results[(f, "keras_dataset x2")].append(_run_child("keras", store, "epoch", "2"))
     best = {k: max(v, key=lambda r: r["windows_s"]) for k, v in results.items()}
     plain = best["materialized"]["windows_s"]
     raw = conv[formats[0]]["raw_bytes"]
@@ -341,6 +381,29 @@ def throughput(rounds: int) -> None:
           f"{1:>9.2f}x{m['peak_rss_mb']:>8.0f} MB")
     print(f"tensorflow import alone: peak RSS {tf_base['peak_rss_mb']:.0f} MB; "
           f"materialized windows: {m['materialized_bytes'] / 2**20:.0f} MiB")
+    blocks = {f: _run_child("block_checks", str(OUT / f"throughput-{f}"), "9")
+              for f in formats}
+    _print_check_cost(readers, best, blocks)
+    _save("throughput", rounds=rounds, raw_bytes=raw, tf_import=tf_base, convert=conv,
+          best={k if isinstance(k, str) else " ".join(k): v for k, v in best.items()},
+          disk_bytes={f: _disk_bytes(OUT / f"throughput-{f}") for f in formats})
+
+
+def _print_check_cost(readers: list[tuple[str, str]], best: dict[Any, dict[str, Any]],
+                      blocks: dict[str, dict[str, Any]]) -> None:
+    """The per-block digest checks' cost: each reader with them on vs. off (bar: 5%),
+    and every block read by the row reader alone (one process, on and off in turn)."""
+    print("per-block checks (digest of every block read): windows/s with checks on vs. off")
+    print(f"{'reader':<30}{'checks on':>11}{'off':>11}{'on/off':>8}{'RSS on':>9}{'RSS off':>9}")
+    for f, reader in readers:
+        on, off = best[(f, reader)], best[(f, f"{reader} unchecked")]
+        print(f"{f + ' ' + reader:<30}{on['windows_s']:>11,.0f}{off['windows_s']:>11,.0f}"
+              f"{on['windows_s'] / off['windows_s']:>8.3f}{on['peak_rss_mb']:>6.0f} MB"
+              f"{off['peak_rss_mb']:>6.0f} MB")
+    for f, b in blocks.items():
+        on_ms, off_ms = b["on_s"] * 1e3, b["off_s"] * 1e3
+        print(f"{f + ' row reader, every block':<30}{on_ms:>8.1f} ms{off_ms:>8.1f} ms"
+              f"{off_ms / on_ms:>8.3f}{b['peak_rss_mb']:>6.0f} MB  (time: off/on)")
 
 
 def _run_children_at_once(*arg_lists: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -366,7 +429,7 @@ def shuffling(rounds: int) -> None:
                 runs.setdefault(f"{f} {mode}", []).append(
                     _run_child("windowkit", str(OUT / f"throughput-{f}"), "epoch", mode))
     best = {k: max(v, key=lambda r: r["windows_s"]) for k, v in runs.items()}
-    base = best["permuted"]["windows_s"]
+    base, mixes = best["permuted"]["windows_s"], {}
     print(f"data: the throughput data, L={LENGTH}, batch {BATCH}, best of {rounds} epochs; "
           f"baseline: every window materialized, permuted once, from_tensor_slices.batch")
     print(f"{'tf_dataset':<22}{'windows/s':>11}{'vs permuted':>13}{'peak RSS':>11}"
@@ -374,12 +437,13 @@ def shuffling(rounds: int) -> None:
     for f in formats:
         for mode in ("global", "blocks"):
             r = best[f"{f} {mode}"]
-            mix = _run_child("mixing", str(OUT / f"throughput-{f}"), mode)
+            mix = mixes[f"{f} {mode}"] = _run_child("mixing", str(OUT / f"throughput-{f}"), mode)
             print(f"{f + ' ' + mode:<22}{r['windows_s']:>11,.0f}{r['windows_s'] / base:>12.2f}x"
                   f"{r['peak_rss_mb']:>8.0f} MB{mix['series']:>8.1f} of {mix['uniform_series']:.1f}"
                   f"{mix['blocks']:>8.1f} of {mix['uniform_blocks']:.1f}")
     p = best["permuted"]
     print(f"{'materialized, permuted':<22}{base:>11,.0f}{1:>12.2f}x{p['peak_rss_mb']:>8.0f} MB")
+    _save("shuffling", rounds=rounds, best=best, mixing=mixes)
     sharding(formats, rounds)
 
 
@@ -390,6 +454,7 @@ def sharding(formats: list[str], rounds: int) -> None:
           f"same time, one process each; MB read: bytes read from files during the epoch")
     print(f"{'tf_dataset':<18}{'whole: windows/s':>17}{'MB read':>9}   "
           f"{'shard 0: windows, /s, MB read':>31}   {'shard 1':>27}   {'together':>12}")
+    rows: list[dict[str, Any]] = []
     for f in formats:
         store = str(OUT / f"throughput-{f}")
         data_mb = _disk_bytes(OUT / f"throughput-{f}") / 1e6
@@ -407,6 +472,9 @@ def sharding(formats: list[str], rounds: int) -> None:
             print(f"{f + ' ' + mode:<18}{whole['windows_s']:>17,.0f}"
                   f"{whole['read_bytes'] / 1e6:>9.1f}   {cells}   {together:>10,.0f}/s"
                   f"  ({together / whole['windows_s']:.2f}x whole; data {data_mb:.1f} MB)")
+            rows.append({"format": f, "mode": mode, "whole": whole, "shards": shards,
+                         "together": together, "data_mb": data_mb})
+    _save("sharding", rounds=rounds, rows=rows)
 
 
 def forecasting(rounds: int) -> None:
@@ -421,6 +489,7 @@ def forecasting(rounds: int) -> None:
           f"of the rounds' dict / plain ratios")
     print(f"{'reader':<18}{'(x, y) windows/s':>18}{'dict windows/s':>16}{'dict / plain':>14}"
           f"{'quartiles':>15}{'per CPU second':>16}")
+    rows: list[dict[str, Any]] = []
     for f in _formats():
         stores = {"plain": OUT / f"forecast-plain-{f}", "dict": OUT / f"forecast-{f}"}
         for parts, store in stores.items():
@@ -436,9 +505,13 @@ def forecasting(rounds: int) -> None:
             print(f"{f + ' ' + reader:<18}{np.median(runs['plain']):>18,.0f}"
                   f"{np.median(runs['dict']):>16,.0f}{mid:>13.2f}x{low:>8.2f}-{high:.2f}x"
                   f"{cpu:>15.2f}x", flush=True)
+            rows.append({"format": f, "reader": reader, "plain": np.median(runs["plain"]),
+                         "ratio": mid, "low": low, "high": high, "cpu_ratio": cpu})
     print("per CPU second: the same ratio of windows per second of the process's CPU time, "
           "which other processes on the machine disturb less")
     print("bar: dict batches within 10% of plain batches (dict / plain >= 0.90)")
+    _save("forecasting", rounds=rounds, rows=[{k: float(v) if k not in ("format", "reader")
+                                               else v for k, v in r.items()} for r in rows])
 
 
 def _memory_source(gib: float) -> tuple[Path, int]:
@@ -469,6 +542,7 @@ def memory(sizes: list[float]) -> None:
           f"{'MB/s':>6}{'RSS main+worker':>17}   {'epoch windows':>14}"
           f"{'tf_dataset':>12}{'RSS':>8}{'keras_dataset':>15}{'RSS':>8}", flush=True)
     rss: dict[tuple[str, str], list[float]] = {}
+    rows: list[dict[str, Any]] = []
     for f in _formats():
         for gib in sizes:
             source, _ = _memory_source(gib)
@@ -486,6 +560,8 @@ def memory(sizes: list[float]) -> None:
                   f"{tf_epoch['windows_s']:>10,.0f}/s{tf_epoch['peak_rss_mb']:>5.0f} MB"
                   f"{keras_epoch['windows_s']:>13,.0f}/s{keras_epoch['peak_rss_mb']:>5.0f} MB",
                   flush=True)
+            rows.append({"format": f, "gib": gib, "convert": conv, "parallel": parallel,
+                         "tf": tf_epoch, "keras": keras_epoch})
             if os.environ.get("WINDOWKIT_BENCH_KEEP") != "1":
                 shutil.rmtree(store, ignore_errors=True)
     if len(sizes) > 1:
@@ -494,6 +570,7 @@ def memory(sizes: list[float]) -> None:
         print(f"reader peak RSS, {sizes[-1]:g} GiB store minus {sizes[0]:g} GiB: {growth}")
     print("bars: convert < 600 MB peak RSS and never imports tensorflow; --workers 2 convert "
           ">= 100 MB/s; reader RSS within 100 MB across store sizes")
+    _save("memory", tf_import=base, rows=rows)
 
 
 _CSV_SERIES, _CSV_CHUNK = 50, 200_000
@@ -561,6 +638,7 @@ def _interleaved_csv_source(gib: float) -> Path:
 def csv(gib: float, interleaved_gib: float) -> None:
     """Convert a long CSV larger than the budget: peak RSS must stay under 1 GB.
     Then a smaller one whose series interleave, grouped in memory."""
+    figures: dict[str, Any] = {"formats": {}}
     for f in _formats()[:1] if interleaved_gib > 0 else []:
         source = _interleaved_csv_source(interleaved_gib)
         store = OUT / "csv-interleaved"
@@ -568,6 +646,7 @@ def csv(gib: float, interleaved_gib: float) -> None:
         print(f"interleaved: {source.stat().st_size / 2**20:.0f} MiB CSV of 50 interleaved "
               f"series -> {f}: {r['rows']:,} rows grouped in memory, {r['seconds']:.0f} s, "
               f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+        figures["interleaved"] = {**r, "format": f, "series": 50}
         shutil.rmtree(store, ignore_errors=True)
     source = _csv_source(gib)
     print(f"source: {source} ({source.stat().st_size / 2**30:.2f} GiB long CSV: series, "
@@ -578,8 +657,10 @@ def csv(gib: float, interleaved_gib: float) -> None:
         print(f"{f:<9} {r['rows']:,} rows, {r['windows']:,} windows in {r['seconds']:.0f} s "
               f"({r['csv_mb_s']:.0f} MB/s of CSV), peak RSS {r['peak_rss_mb']:.0f} MB",
               flush=True)
+        figures["formats"][f] = r
         shutil.rmtree(store, ignore_errors=True)
     print("bar: peak RSS < 1 GB")
+    _save("csv", series=50, **figures)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -613,6 +694,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "csv":
         csv(args.gib, args.interleaved_gib)
     else:
+        if os.environ.get("WINDOWKIT_BENCH_CHECKS") == "off":
+            from windowkit.formats import _checks
+
+            _checks._CHECKS = False  # the private switch: only to measure the checks' cost
         print(json.dumps(CHILDREN[args.name](*args.args)))
 
 

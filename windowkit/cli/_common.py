@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import click
 
-from windowkit.errors import WindowkitError, carried_error
+from windowkit.errors import Interrupted, WindowkitError, carried_error
 
 
 def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -20,9 +25,12 @@ def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except WindowkitError as exc:
             click.echo(f"windowkit: error: {exc}", err=True)
             sys.exit(2)
-        except OSError as exc:
+        except Interrupted as exc:
             click.echo(f"windowkit: error: {exc}", err=True)
-            sys.exit(1)
+            sys.exit(exc.exit_code)
+        except OSError as exc:
+            click.echo(f"windowkit: error: {describe_os_error(exc)}", err=True)
+            sys.exit(2)
         except Exception as exc:  # a tf.data pipeline's error: the windowkit error inside
             carried = carried_error(exc)
             if carried is None:
@@ -31,6 +39,40 @@ def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(2)
 
     return wrapper
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for an operating-system error: the file, then what went wrong."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        reason += " (make room, or raise the file size limit, and run the same command again)"
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+@contextlib.contextmanager
+def signals_interrupt(what: str, hint: str) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise :class:`Interrupted` (once: a second
+    signal does not interrupt the clean-up), saying ``what`` was interrupted and
+    ``hint``; the handlers are restored afterwards. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = {signal.SIGINT: signal.getsignal(signal.SIGINT),
+              signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        for number in caught:
+            signal.signal(number, signal.SIG_IGN)
+        name = signal.Signals(signum).name
+        raise Interrupted(f"{what} interrupted ({name}); {hint}", signum)
+
+    for number in caught:
+        signal.signal(number, interrupt)
+    try:
+        yield
+    finally:
+        for number, handler in caught.items():
+            signal.signal(number, handler)
 
 
 class ByteSize(click.ParamType):

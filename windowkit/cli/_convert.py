@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from windowkit.cli._common import ByteSize, one_line_errors
+from windowkit.cli._common import ByteSize, one_line_errors, signals_interrupt
 from windowkit.formats import FORMAT_NAMES
 
 
@@ -94,7 +94,9 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     """Convert SOURCES into a store: .npy files or globs (one series each), or one
     CSV or Parquet table (long form with --series-col, or one wide series).
 
-    Running the same command again after an interruption resumes it."""
+    Running the same command again after an interruption resumes it. SIGINT
+    (Ctrl-C) and SIGTERM stop it, and its workers, with one line and exit
+    status 130 or 143 (128 + the signal's number), keeping what it finished."""
     if quiet:
         logging.getLogger("windowkit").setLevel(logging.WARNING)
     from windowkit.conversion import convert as run_convert
@@ -102,19 +104,20 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
 
     spec = WindowSpec(length=length, stride=stride, sampling_rate=sampling_rate, horizon=horizon)
     source: Any = sources[0] if len(sources) == 1 else list(sources)
-    store = run_convert(source, out, format=fmt, window=spec, compression=compression,
-                        seed=seed, block_rows=block_rows, shard_size=shard_size,
-                        shards=shards, workers=workers, dask=dask_address,
-                        overwrite=overwrite,
-                        progress=not quiet, series_col=series_col, time_col=time_col,
-                        columns=[c.strip() for c in columns.split(",")] if columns else None,
-                        max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,
-                        split_context=split_context, nan=nan,
-                        target_columns=target_columns.split(",") if target_columns else None,
-                        known_columns=known_columns.split(",") if known_columns else None,
-                        static_columns=static_columns.split(",") if static_columns else None,
-                        sort_memory=sort_memory,
-                        time_format=time_format)
+    with signals_interrupt("the conversion was", "the finished shards are kept: run the "
+                           "same command again to resume it"):
+        store = run_convert(
+            source, out, format=fmt, window=spec, compression=compression, seed=seed,
+            block_rows=block_rows, shard_size=shard_size, shards=shards, workers=workers,
+            dask=dask_address, overwrite=overwrite, progress=not quiet,
+            series_col=series_col, time_col=time_col,
+            columns=[c.strip() for c in columns.split(",")] if columns else None,
+            max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,
+            split_context=split_context, nan=nan,
+            target_columns=target_columns.split(",") if target_columns else None,
+            known_columns=known_columns.split(",") if known_columns else None,
+            static_columns=static_columns.split(",") if static_columns else None,
+            sort_memory=sort_memory, time_format=time_format)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "

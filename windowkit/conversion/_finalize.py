@@ -21,6 +21,7 @@ from windowkit.conversion.options import ConvertOptions
 from windowkit.index import IndexWriter, stretches_without
 from windowkit.manifest import STATIC_PREFIX, FileEntry, Manifest
 from windowkit.sources import Series, StagedSeries
+from windowkit.splits import history_rows
 
 log = logging.getLogger("windowkit")
 
@@ -89,7 +90,9 @@ def write_series_table(root: Path, plan: StorePlan, windows_per_series: np.ndarr
         "key": pa.array([s.key for s in series], type=pa.string()),
         "rows": pa.array(plan.placement.rows),
         "row_offset": pa.array(plan.placement.row_offset),
-        "windows": pa.array(windows_per_series)}
+        "windows": pa.array(windows_per_series),
+        **{name: pa.array(values, type=pa.int64()) for name, values in plan.splits.table_columns(
+            context=plan.split_context, history_rows=history_rows(plan.layout.window)).items()}}
     if any(getattr(s, "first_time", None) is not None for s in series):
         for name, attr in (("first_time", "first_time"), ("last_time", "last_time"),
                            ("step", "time_step")):

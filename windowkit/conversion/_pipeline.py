@@ -8,16 +8,23 @@ Everything is written into a locked workspace beside the target and renamed
 into place only after the manifest, so an interrupted conversion never leaves a
 half store under the target name; running it again resumes from the shards it
 finished whose source rows are unchanged.
+
+The source files are pinned before they are read (:class:`SourcePins`) and
+checked again before the manifest is written: one rewritten or replaced
+meanwhile stops the conversion (nothing published, the workspace kept).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from windowkit._progress import human_size, progress_bar
 from windowkit.conversion._finalize import finalize
@@ -32,15 +39,26 @@ from windowkit.conversion._remote import (
 from windowkit.conversion._shards import ShardResult, source_digest, write_shards
 from windowkit.conversion._workspace import Workspace, check_target
 from windowkit.conversion.options import DEFAULT_SHARD_BYTES, ConvertOptions
-from windowkit.errors import DiskSpaceError, InvalidSpecError, StoreExistsError, WindowkitError
+from windowkit.errors import (
+    DiskSpaceError,
+    Interrupted,
+    InvalidSpecError,
+    OutOfMemoryError,
+    SourceChangedError,
+    StoreExistsError,
+    WindowkitError,
+)
 from windowkit.formats import get_format
 from windowkit.location import AnyPath, is_remote, list_objects, resolve
 from windowkit.manifest import Manifest
 from windowkit.sources import (
     DEFAULT_SORT_MEMORY,
+    NpySeries,
     Series,
     SourceLike,
+    SourcePins,
     TableOptions,
+    changed_rows,
     check_consistent,
     estimate_staged_bytes,
     is_table,
@@ -54,6 +72,10 @@ if TYPE_CHECKING:
     from windowkit.store import Store
 
 log = logging.getLogger("windowkit")
+
+#: sources up to this size (raw rows) are read again before publishing, and each
+#: shard's rows compared with those written (larger ones: identity, size and time)
+RECHECK_BYTES = 64 << 20
 
 
 def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "zarr",
@@ -124,9 +146,12 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     ``nan="error"`` refuses NaN, infinity and empty table values, naming series,
     row and column; ``nan="skip"`` keeps those rows and leaves every window
     that touches one out of the index (and the rows out of the statistics).
-    """
-    from windowkit.store import open_store
 
+    A source file rewritten or replaced while it is converted raises
+    :class:`~windowkit.errors.SourceChangedError` before anything is published;
+    running out of memory raises :class:`~windowkit.errors.OutOfMemoryError`
+    saying what to lower. Both keep the finished shards for a re-run.
+    """
     table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap,
                          time_format, tuple(static_columns) if static_columns else None)
     options = ConvertOptions.of(
@@ -136,34 +161,62 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         seed=seed, block_rows=block_rows, shard_size=shard_size, shards=shards,
         workers=workers, dask=dask, overwrite=overwrite, progress=progress, nan=nan,
         sort_memory=sort_memory)
-    from_table = is_table(source)
-    series = [] if from_table else _open_arrays(source, table)  # checked before writing
-    target = resolve(out, storage_options)
+    with _out_of_memory():
+        return _convert(source, resolve(out, storage_options), options, overwrite)
+
+
+def _convert(source: SourceLike, target: AnyPath, options: ConvertOptions,
+             overwrite: bool) -> Store:
+    """:func:`convert` with its options checked: to a local directory, or to a URL
+    (locked, built in a local mirror, uploaded, the manifest last)."""
+    from windowkit.store import open_store
+
+    pins = SourcePins.of(source_files(source))  # before reading a byte of them
+    series = [] if is_table(source) else _open_arrays(source, options.table)
     if not is_remote(target):
-        _convert_local(source, target, options, series, overwrite=overwrite)
+        _convert_local(source, target, options, series, pins, overwrite=overwrite)
         return open_store(target)
     with remote_lock(target):
         replaced = check_remote_target(target, overwrite=overwrite)
         mirror = local_mirror(target)
         mirror.parent.mkdir(parents=True, exist_ok=True)
-        _convert_local(source, mirror, options, series, overwrite=True,
+        _convert_local(source, mirror, options, series, pins, overwrite=True,
                        upload_to=workspace_prefix(target))
         upload_store(mirror, target, replaced=replaced)
     return open_store(target)
 
 
+@contextlib.contextmanager
+def _out_of_memory() -> Iterator[None]:
+    """Running out of memory (or of threads) is one line saying what to lower."""
+    try:
+        yield
+    except OutOfMemoryError:
+        raise
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and "can't start new thread" not in str(exc):
+            raise
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise OutOfMemoryError(
+            f"out of memory while converting ({detail}); "
+            "the finished shards are kept: run the same command again with fewer --workers "
+            "or a smaller --shard-size, --block-rows or --sort-memory") from None
+
+
 def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
-                   series: list[Series], *, overwrite: bool,
+                   series: list[Series], pins: SourcePins, *, overwrite: bool,
                    upload_to: AnyPath | None = None) -> None:
     """Write the store into the local directory ``out`` (locked, resumable,
-    published by a rename); with ``upload_to`` its shards go there instead."""
+    published by a rename); with ``upload_to`` its shards go there instead.
+    Nothing is published if a source file changed meanwhile (``pins``)."""
     check_target(out, overwrite=overwrite, sources=source_files(source))
     workspace = Workspace(out)
     workspace.lock()  # before staging: a second conversion must not touch our files
     try:
         if is_table(source):
             series = _stage(source, workspace, options)
-        manifest = _write_store(workspace, series, options, upload_to)
+        manifest = _write_store(workspace, series, options, pins, upload_to)
+        pins.check()  # again, last thing before the commit
         manifest.write(workspace.root)
         workspace.publish(overwrite=overwrite)
     except BaseException as exc:
@@ -195,11 +248,12 @@ def _after_failure(workspace: Workspace, exc: BaseException) -> None:
     anything else (an interruption, a read error, too little space, a target
     that appeared meanwhile), so that the same command resumes."""
     mistake = isinstance(exc, WindowkitError) and not isinstance(
-        exc, (DiskSpaceError, StoreExistsError))
+        exc, (DiskSpaceError, StoreExistsError, SourceChangedError, OutOfMemoryError))
     if workspace.inherited or (workspace.resumable and not mistake):
         shutil.rmtree(workspace.staging, ignore_errors=True)
-        log.info("%s: conversion stopped; run the same command again to resume it",
-                 workspace.out)
+        if not isinstance(exc, Interrupted):  # whoever sent the signal is told so
+            log.info("%s: conversion stopped; run the same command again to resume it",
+                     workspace.out)
     else:
         workspace.discard()
 
@@ -213,7 +267,7 @@ def _check_disk_space(directory: Path, needed: int, what: str = "the store") -> 
 
 
 def _write_store(workspace: Workspace, series: list[Series], options: ConvertOptions,
-                 upload_to: AnyPath | None = None) -> Manifest:
+                 pins: SourcePins, upload_to: AnyPath | None = None) -> Manifest:
     """Plan the store, write (or reuse) its shards, then its tables; return its
     manifest. With ``upload_to`` (a URL prefix) the shards are uploaded there."""
     plan = plan_store(series, options)
@@ -230,6 +284,8 @@ def _write_store(workspace: Workspace, series: list[Series], options: ConvertOpt
         storage.prepare(data_dir, plan.layout, len(plan.tasks))
         workspace.start(plan.key)
     results = _write_shards(workspace, plan, options, finished, upload_to)
+    pins.check()  # the source files are still what they were when pinned
+    _recheck_rows(plan, results)  # and, when small, still hold the rows written
     data = storage.finish(data_dir, plan.layout, [r.summary for r in results])
     return finalize(workspace, plan, options, results, data)
 
@@ -250,6 +306,21 @@ def _write_shards(workspace: Workspace, plan: StorePlan, options: ConvertOptions
                             train_ranges=plan.splits.train_ranges(),
                             skip_missing=options.skip_missing, dask=options.dask,
                             upload_to=upload_to)
+
+
+def _recheck_rows(plan: StorePlan, results: list[ShardResult]) -> None:
+    """Read small ``.npy`` sources again and compare each shard's rows with
+    those it was written from: a source rewritten in place, even with its size
+    and modification time restored, is caught before publishing."""
+    layout = plan.layout
+    if not all(isinstance(s, NpySeries) for s in plan.series) or (
+            layout.total_rows * layout.row_bytes > RECHECK_BYTES):
+        return
+    for task, result in zip(plan.tasks, results, strict=True):
+        if source_digest(plan.series, plan.placement, layout, task) != result.source_digest:
+            first = int(np.searchsorted(plan.placement.row_offset, task.first_row,
+                                        side="right")) - 1
+            raise changed_rows(plan.series[first].where, task.number)
 
 
 def _resume_or_start(workspace: Workspace, plan: StorePlan,

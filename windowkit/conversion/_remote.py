@@ -5,14 +5,35 @@ Shards are written where they run (in this process, a worker process or a
 Dask worker) and uploaded at once into a *workspace prefix* beside the target,
 ``TARGET.windowkit-partial/``; everything else (staged tables, the resume
 records, index and series tables) is written, resumably, into a local mirror
-under the user's cache, with every rule of a local conversion. Publishing
-copies the shard objects under the target (server-side), uploads the mirror's
-files, and writes the manifest last: until then nothing under the target opens
-as a store (an old store there keeps opening until its manifest is replaced).
-An ``.windowkit-incomplete`` object under the target marks a publish in
-progress, so an interrupted one is recognised and replaced by the next run of
-the same command. A lock object beside the target, created with a
-conditional write, makes a second conversion to the same target fail at once.
+under the user's cache, with every rule of a local conversion (its manifest is
+validated with the open-time rules before anything is uploaded). A bucket root
+is refused: the workspace and the lock live beside the store.
+
+``--overwrite`` replaces only what windowkit wrote: the old manifest must pass
+:meth:`Manifest.parse` (as opening does), every object under the target must
+be one it lists, and each must still have the size and SHA-256 it lists (the
+old store is read once to check this); anything else is refused, one line,
+nothing touched. An ``.windowkit-incomplete`` object under the target marks a
+publish in progress and records every version (path, size, SHA-256) of the
+objects it writes or replaces, so an interrupted publish is recognised and
+replaced by the next run of the same command, and a forged marker names
+nothing it could delete.
+
+Replacing keeps today's layout (the same keys as the old store's): the old
+manifest is deleted first, the new objects uploaded, the new manifest written
+last, then the old objects the new store lacks are deleted. Meanwhile opening
+the target says the store is being replaced (the marker is there). A store
+that keeps opening *and reading* its old objects until the swap needs the new
+objects under other keys (a generation prefix in every path the manifest
+lists); readers find ``series.parquet`` and ``data/`` at fixed places, so that
+is a change of the readers, not done here.
+
+A lock object beside the target makes a second conversion to the same target
+fail at once. On S3 it is created with a conditional write (If-None-Match);
+one left by a killed conversion on this machine is taken over by one write
+conditional on the ETag it was judged stale by (If-Match), so of two re-runs
+one wins; a process deletes the lock only while its ETag is the one it wrote
+(checked, then a conditional delete).
 """
 
 from __future__ import annotations
@@ -23,17 +44,19 @@ import logging
 import os
 import shutil
 import socket
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from windowkit.conversion._workspace import manifest_files
 from windowkit.errors import StoreError, StoreExistsError
 from windowkit.location import AnyPath, as_url_path, list_objects, remote_errors, resolve
-from windowkit.manifest import MANIFEST_NAME
+from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest
 
 log = logging.getLogger("windowkit")
 
@@ -66,114 +89,264 @@ def local_mirror(target: AnyPath) -> Path:
     return base / "remote" / key / "store"
 
 
-def _ours(target: AnyPath, present: set[str]) -> set[str] | None:
-    """The objects windowkit wrote under ``target``: those its manifest lists, or
-    during an interrupted publish those its incomplete marker lists."""
-    with remote_errors(target):
-        if INCOMPLETE in present:
-            try:
-                marked = json.loads((target / INCOMPLETE).read_bytes()).get("files")
-            except (ValueError, AttributeError):
-                return None
-            if not isinstance(marked, list) or not all(isinstance(m, str) for m in marked):
-                return None
-            return {*marked, INCOMPLETE}
-        if MANIFEST_NAME in present:
-            return manifest_files((target / MANIFEST_NAME).read_bytes())
-    return None
+@dataclass
+class Replaced:
+    """What a conversion to a remote target replaces: the objects under it, each
+    with the entry (size, SHA-256) it was checked against, and whether a
+    manifest object is there."""
+
+    entries: list[FileEntry] = field(default_factory=list)
+    manifest: bool = False
 
 
-def check_remote_target(target: AnyPath, *, overwrite: bool) -> set[str]:
-    """The objects a conversion to ``target`` may replace (a windowkit store's, or
-    an interrupted publish's); refuse anything else, as for a local target."""
-    present = set(list_objects(target))
+def check_remote_location(target: AnyPath) -> None:
+    """Refuse a bucket root: the workspace and the lock live beside the store,
+    so a store needs a prefix inside its bucket."""
+    url = as_url_path(target)
+    split = getattr(url.fs, "split_path", None)
+    key = split(url.path)[1] if split is not None else url.path.strip("/")
+    if not key.strip("/"):
+        example = "/".join(part for part in (url.path.strip("/"), "store") if part)
+        raise StoreExistsError(f"{target}: is a bucket root; write the store under a prefix "
+                               f"in it (e.g. {url.protocol}://{example}), beside which "
+                               "windowkit keeps its workspace and lock")
+
+
+def _refused(target: AnyPath, problem: str) -> StoreExistsError:
+    return StoreExistsError(f"{target}: --overwrite replaces only a windowkit store, and "
+                            f"{problem}; nothing was changed")
+
+
+def _recorded(target: AnyPath, present: dict[str, int]) -> dict[str, list[FileEntry]]:
+    """The versions (size, SHA-256) of each object windowkit wrote under
+    ``target``: those its valid manifest lists and, during an interrupted
+    publish, those its incomplete marker lists (the old store's and the new)."""
+    recorded: dict[str, list[FileEntry]] = {}
+    if INCOMPLETE in present:
+        try:
+            marker = json.loads((target / INCOMPLETE).read_bytes())
+            entries = [FileEntry.model_validate(entry) for entry in marker["files"]]
+        except (ValueError, KeyError, TypeError) as exc:  # ValidationError is a ValueError
+            raise _refused(target, f"{INCOMPLETE!r} is not a marker windowkit wrote") from exc
+        for entry in entries:
+            recorded.setdefault(entry.path, []).append(entry)
+    if MANIFEST_NAME in present:
+        try:
+            manifest = Manifest.parse((target / MANIFEST_NAME).read_bytes(),
+                                      f"{target}/{MANIFEST_NAME}")
+        except StoreError as exc:
+            reason = str(exc).removeprefix(f"{target}/{MANIFEST_NAME}: ")
+            raise _refused(target, f"its {MANIFEST_NAME} does not open as one ({reason})"
+                           ) from None
+        for entry in manifest.files:
+            recorded.setdefault(entry.path, []).append(entry)
+    return recorded
+
+
+def _digest(target: AnyPath, name: str) -> str:
+    """The SHA-256 of the object ``target/name`` (read once, streamed)."""
+    url = as_url_path(target / name)
+    with url.fs.open(url.path, "rb", block_size=8 << 20, cache_type="none") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def check_remote_target(target: AnyPath, *, overwrite: bool) -> Replaced:
+    """The objects a conversion to ``target`` may replace: a valid windowkit
+    store's (or an interrupted publish's), each at the size and SHA-256 windowkit
+    recorded for it. Anything else is refused, as for a local target."""
+    present = list_objects(target)
     if not present:
-        return present
-    ours = _ours(target, present)
-    if ours is None:
+        return Replaced()
+    with remote_errors(target):
+        recorded = _recorded(target, present)
+    if not recorded and MANIFEST_NAME not in present:
         raise StoreExistsError(f"{target}: holds {sorted(present)[0]!r} and no windowkit "
                                "manifest; a conversion writes only to an empty prefix or "
                                "over a windowkit store (--overwrite); nothing was changed")
     if INCOMPLETE not in present and not overwrite:
         raise StoreExistsError(f"{target}: a store exists; pass --overwrite to replace it")
-    foreign = sorted(present - ours)
+    names = sorted(set(present) - {MANIFEST_NAME, INCOMPLETE})
+    foreign = [name for name in names if name not in recorded]
     if foreign:
-        raise StoreExistsError(f"{target}: --overwrite replaces only a windowkit store, and "
-                               f"{foreign[0]!r} is not one of its files; nothing was changed")
-    return present
+        raise _refused(target, f"{foreign[0]!r} is not one of its files")
+    with remote_errors(target), ThreadPoolExecutor(8) as pool:
+        digests = dict(zip(names, pool.map(lambda name: _digest(target, name), names),
+                           strict=True))
+    entries = []
+    for name in names:
+        match = [e for e in recorded[name]
+                 if e.bytes == present[name] and e.sha256 == digests[name]]
+        if not match:
+            raise _refused(target, f"{name!r} was changed since windowkit wrote it")
+        entries.append(match[0])
+    return Replaced(entries, MANIFEST_NAME in present)
 
 
-def _stale(fs: Any, lock: str) -> bool:
-    """Whether the lock object was left by a conversion on this machine whose
-    process is gone (killed): then the same command may take it over."""
+# -- the lock -----------------------------------------------------------------------------
+def _stale(raw: bytes) -> bool:
+    """Whether the lock object's content names a conversion on this machine
+    whose process is gone (killed): then the same command may take it over."""
     try:
-        holder = json.loads(fs.cat_file(lock))
-    except (OSError, ValueError):
+        holder = json.loads(raw)
+    except ValueError:
         return False
     return (isinstance(holder, dict) and holder.get("host") == socket.gethostname()
             and isinstance(holder.get("pid"), int) and not psutil.pid_exists(holder["pid"]))
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether object storage refused a conditional request (HTTP 412)."""
+    cause = getattr(exc, "__cause__", None)
+    code = (getattr(cause, "response", None) or {}).get("Error", {}).get("Code")
+    return code in ("PreconditionFailed", "412")
+
+
+def _busy(target: AnyPath, lock: str, how: str = "") -> StoreExistsError:
+    url = as_url_path(target)
+    return StoreExistsError(f"{target}: another conversion to this target is running{how} "
+                            f"(lock object {url.protocol}://{lock}); if none is, delete that "
+                            "object")
+
+
+def _take_s3_lock(fs: Any, target: AnyPath, lock: str, holder: bytes) -> str:
+    """Create the lock object (If-None-Match), or take over a stale one with one
+    write conditional on the ETag it was judged stale by (If-Match): of two
+    processes taking it over together, one wins. Returns the lock's ETag."""
+    bucket, key, _ = fs.split_path(lock)
+    try:
+        return str(fs.call_s3("put_object", Bucket=bucket, Key=key, Body=holder,
+                              IfNoneMatch="*")["ETag"])
+    except FileExistsError:
+        pass
+    try:
+        etag = fs.call_s3("head_object", Bucket=bucket, Key=key)["ETag"]
+        seen = fs.cat_file(lock)  # if it changed since the HEAD, the write below fails
+    except FileNotFoundError:  # released meanwhile: try again later
+        raise _busy(target, lock, " (its lock was just released: run again)") from None
+    if not _stale(seen):
+        raise _busy(target, lock)
+    log.info("%s: taking over the lock of a conversion that was killed", target)
+    try:
+        return str(fs.call_s3("put_object", Bucket=bucket, Key=key, Body=holder,
+                              IfMatch=etag)["ETag"])
+    except (FileNotFoundError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError) or _precondition_failed(exc):
+            raise _busy(target, lock, " (it took over the stale lock first)") from None
+        raise
+    finally:
+        fs.invalidate_cache(lock)
+
+
+def _release_s3_lock(fs: Any, target: AnyPath, lock: str, etag: str) -> None:
+    """Delete the lock object only while it is the one this process wrote (its
+    ETag, checked by a HEAD and again by the conditional delete)."""
+    bucket, key, _ = fs.split_path(lock)
+    try:
+        now = fs.call_s3("head_object", Bucket=bucket, Key=key)["ETag"]
+    except FileNotFoundError:
+        now = None
+    if now != etag:
+        log.warning("%s: the lock object %s is no longer this conversion's; left in place",
+                    target, lock)
+        return
+    try:
+        fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+    except OSError as exc:
+        if _precondition_failed(exc):
+            log.warning("%s: the lock object %s was taken over meanwhile; left in place",
+                        target, lock)
+            return
+        if isinstance(exc, FileNotFoundError):
+            return
+        fs.rm_file(lock)  # a server without conditional deletes: ours, by its ETag
+    finally:
+        fs.invalidate_cache(lock)
 
 
 @contextmanager
 def remote_lock(target: AnyPath) -> Iterator[None]:
     """Hold the lock object beside ``target`` (a conditional write: the second
     conversion to one target fails at once; one left by a killed conversion on
-    this machine is taken over)."""
+    this machine is taken over by one conditional write). A process deletes
+    only the lock it holds."""
+    check_remote_location(target)
     url = as_url_path(target)
     lock = url.path.rstrip("/") + LOCK_SUFFIX
-    holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
+    token = uuid.uuid4().hex
+    holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                         "token": token}).encode()
+    s3 = hasattr(url.fs, "call_s3")
     with remote_errors(target):
-        try:
-            with url.fs.open(lock, "xb") as fh:
-                fh.write(holder)
-        except FileExistsError:
-            if not _stale(url.fs, lock):
-                raise StoreExistsError(
-                    f"{target}: another conversion to this target is running (lock object "
-                    f"{url.protocol}://{lock}); if none is, delete that object") from None
-            log.info("%s: taking over the lock of a conversion that was killed", target)
-            url.fs.pipe_file(lock, holder)
+        etag = _take_s3_lock(url.fs, target, lock, holder) if s3 else _take_lock(
+            url.fs, target, lock, holder)
     try:
         yield
     finally:
         with remote_errors(target):
-            url.fs.rm_file(lock)
+            if s3:
+                _release_s3_lock(url.fs, target, lock, etag)
+            else:
+                _release_lock(url.fs, lock, token)
 
 
+def _take_lock(fs: Any, target: AnyPath, lock: str, holder: bytes) -> str:
+    """The lock on a filesystem without conditional writes on ETags (the
+    takeover of a stale lock is then not atomic)."""
+    try:
+        with fs.open(lock, "xb") as fh:
+            fh.write(holder)
+    except FileExistsError:
+        if not _stale(fs.cat_file(lock)):
+            raise _busy(target, lock) from None
+        log.info("%s: taking over the lock of a conversion that was killed", target)
+        fs.pipe_file(lock, holder)
+    return ""
+
+
+def _release_lock(fs: Any, lock: str, token: str) -> None:
+    try:
+        holder = json.loads(fs.cat_file(lock))
+    except (FileNotFoundError, ValueError):
+        return
+    if isinstance(holder, dict) and holder.get("token") == token:
+        fs.rm_file(lock)
+
+
+# -- publishing ---------------------------------------------------------------------------
 def commit(fs: Any, manifest: Path, remote: str) -> None:
     """Upload the manifest: from now on the target opens as the new store."""
     fs.put_file(str(manifest), remote)
 
 
-def upload_store(local: Path, target: AnyPath, *, replaced: set[str]) -> None:
+def upload_store(local: Path, target: AnyPath, *, replaced: Replaced) -> None:
     """Publish: the shard objects of the workspace prefix and the files of the
     local mirror ``local`` under ``target``, the manifest last; then delete the
     ``replaced`` objects the new store does not have, and the workspace."""
     url = as_url_path(target)
     prefix = url.path.rstrip("/")
     workspace = as_url_path(workspace_prefix(target)).path.rstrip("/")
-    manifest = json.loads((local / MANIFEST_NAME).read_bytes())
-    files = [entry["path"] for entry in manifest["files"]]
+    manifest = Manifest.parse((local / MANIFEST_NAME).read_bytes(), str(local / MANIFEST_NAME))
+    files = [entry.path for entry in manifest.files]
     local_files = [name for name in files if (local / name).is_file()]
     uploaded = list_objects(workspace_prefix(target))
-    sizes = {entry["path"]: entry["bytes"] for entry in manifest["files"]}
+    sizes = {entry.path: entry.bytes for entry in manifest.files}
     shard_files = [name for name in files if name not in local_files]
     lost = [name for name in shard_files if uploaded.get(name) != sizes[name]]
     if lost:
         raise StoreError(f"{target}: the uploaded shard file {lost[0]!r} is missing or "
                          f"changed in {url.protocol}://{workspace}; run the conversion again")
-    # what this publish writes or replaces: a rerun may replace exactly that
-    marker = {"store_id": manifest["store_id"],
-              "files": sorted({*files, *replaced, MANIFEST_NAME} - {INCOMPLETE})}
+    # what this publish writes or replaces, each version: a rerun may replace exactly that
+    marker = {"store_id": manifest.store_id,
+              "files": [e.model_dump() for e in [*manifest.files, *replaced.entries]]}
     with remote_errors(target):
         url.fs.pipe_file(f"{prefix}/{INCOMPLETE}", json.dumps(marker).encode())
-        if MANIFEST_NAME in replaced:  # the old store stops opening before it changes
+        if replaced.manifest:  # the old store stops opening before its files change
             url.fs.rm_file(f"{prefix}/{MANIFEST_NAME}")
         url.fs.copy([f"{workspace}/{name}" for name in shard_files],
                     [f"{prefix}/{name}" for name in shard_files])
         upload_files(local, local_files, target)
         commit(url.fs, local / MANIFEST_NAME, f"{prefix}/{MANIFEST_NAME}")
-        stale = sorted(replaced - set(files) - {MANIFEST_NAME, INCOMPLETE})
+        stale = sorted({entry.path for entry in replaced.entries} - set(files))
         if stale:
             url.fs.rm([f"{prefix}/{name}" for name in stale])
         url.fs.rm_file(f"{prefix}/{INCOMPLETE}")

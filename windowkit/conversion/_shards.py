@@ -6,15 +6,29 @@ cluster). Each shard reads its own rows from the sources, checks them, updates
 its own column statistics and hands them to the format as pieces: the rows of
 one series inside one block. Statistics are merged in shard order, so the
 result does not depend on the number of workers.
+
+Worker processes end with the conversion: the kernel kills them when the main
+process dies (Linux: ``PR_SET_PDEATHSIG``; elsewhere a watchdog thread), each
+checks its parent before writing a shard, and a failure or an interruption in
+the main process terminates them before it returns, so nothing writes into the
+workspace after the conversion has stopped.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import itertools
 import multiprocessing
+import os
+import signal
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +38,7 @@ import xxhash
 
 from windowkit.conversion._remote import upload_files
 from windowkit.conversion._workspace import fsync
+from windowkit.errors import DiskSpaceError, OutOfMemoryError
 from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import Piece, ShardTask
 from windowkit.location import AnyPath
@@ -189,7 +204,16 @@ def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
 
     storage = get_format(format_name)
     pieces = iter_pieces(sources, series, layout, shard, stats, on_rows, missing, digest)
-    summary = storage.write_shard(data_dir, layout, shard, pieces, read_series)
+    try:
+        summary = storage.write_shard(data_dir, layout, shard, pieces, read_series)
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        names = ", ".join(str(data_dir / n) for n in storage.shard_files(data_dir, layout,
+                                                                          shard))
+        raise DiskSpaceError(f"{exc.filename or names}: {exc.strerror or exc} while writing "
+                             f"shard {shard.number}; the finished shards are kept: make room "
+                             "and run the same command again to resume") from None
     first, last = _source_extent(layout, shard)  # then the rows after it (halos)
     for rows in _read_global(sources, series, first + shard.rows, last,
                              chunk_rows=layout.block_rows):
@@ -221,12 +245,44 @@ def write_shard_and_upload(sources: list[Series], series: SeriesLayout, format_n
     return result
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _worker_sources: list[Series] = []
+_worker_parent = 0  # the process that started this worker
 
 
-def _init_worker(sources: list[Series]) -> None:
-    global _worker_sources
-    _worker_sources = sources
+def _init_worker(sources: list[Series], parent: int) -> None:
+    """A worker: it dies with the process that started it, and leaves Ctrl-C to
+    that process, which stops the workers itself."""
+    global _worker_sources, _worker_parent
+    _worker_sources, _worker_parent = sources, parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _die_with_parent():
+        threading.Thread(target=_watch_parent, name="windowkit-watchdog", daemon=True).start()
+    _check_parent()  # it may have died before the line above
+
+
+def _die_with_parent() -> bool:
+    """Ask the kernel (Linux) to kill this process when its parent dies."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _check_parent() -> None:
+    """End this worker at once if the process that started it is gone."""
+    if os.getppid() != _worker_parent:
+        os._exit(1)
+
+
+def _watch_parent() -> None:
+    while True:
+        _check_parent()
+        time.sleep(0.2)
 
 
 def _write_shard_to(sources: list[Series], series: SeriesLayout, format_name: str,
@@ -246,7 +302,20 @@ def _write_shard_to(sources: list[Series], series: SeriesLayout, format_name: st
 
 
 def _write_shard_in_worker(*args: Any) -> ShardResult:
+    _check_parent()  # never write for a conversion that has ended
     return _write_shard_to(_worker_sources, *args)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop the pool's workers now (not after their current shards) and wait
+    for them: after a failure or an interruption nothing writes any more."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for process in workers:
+        if process.is_alive():
+            process.terminate()
+    for process in workers:
+        process.join(timeout=10)
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout: DataLayout,
@@ -294,17 +363,24 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
         # spawn, not fork: the caller may have started TensorFlow's threads
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(min(workers, len(shards)), mp_context=context,
-                                 initializer=_init_worker, initargs=(sources,)) as pool:
-            futures = {pool.submit(_write_shard_in_worker, series, format_name, data_dir,
-                                   layout, shard, skip_missing, upload_to): shard.number
-                       for shard in todo}
+                                 initializer=_init_worker,
+                                 initargs=(sources, os.getpid())) as pool:
             try:
+                futures = {pool.submit(_write_shard_in_worker, series, format_name, data_dir,
+                                       layout, shard, skip_missing, upload_to): shard.number
+                           for shard in todo}
                 for future in as_completed(futures):
                     result = future.result()  # the first failure raises here
                     on_rows(result.rows)
                     record(futures[future], result)
+            except BrokenProcessPool:
+                _stop_workers(pool)
+                raise OutOfMemoryError("a worker process died (killed by the system, most likely "
+                                 "out of memory); the finished shards are kept: run the same "
+                                 "command again with fewer --workers or a smaller "
+                                 "--shard-size") from None
             except BaseException:
-                pool.shutdown(cancel_futures=True)
+                _stop_workers(pool)
                 raise
     return [results[shard.number] for shard in shards]
 

@@ -17,10 +17,16 @@ whose files still match and whose source rows are unchanged (the caller checks
 those); a changed source or changed options start over. An error while
 resuming (a read error, the target appearing) keeps the finished shards.
 
-Publishing checks the target again, removes the resume records, fsyncs every
-file and renames the workspace into place. ``--overwrite`` replaces only a
-windowkit store (every file in it is one its manifest lists) or an empty
-directory; the old store's files are deleted by name, nothing else.
+The workspace is always beside the target (``--out .``, the current directory,
+is refused: it cannot be renamed into place). Publishing validates the new
+manifest exactly as opening the store will (nothing unopenable is published),
+checks the target again, removes the resume records, fsyncs every file and
+renames the workspace into place. ``--overwrite`` replaces only an empty
+directory or a windowkit store whose manifest passes the open-time validation
+and whose every file it lists at its recorded size (anything else: refused,
+nothing touched). The old store is moved aside, and each of its files is
+deleted only while its size and SHA-256 still match its manifest; a file
+changed (or added) since is kept, and named in a warning.
 """
 
 from __future__ import annotations
@@ -38,9 +44,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from windowkit._schema import check_store_path
 from windowkit.errors import StoreError, StoreExistsError
-from windowkit.manifest import MANIFEST_NAME, FileEntry
+from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest, file_digest, read_manifest_bytes
 
 log = logging.getLogger("windowkit")
 
@@ -97,49 +102,63 @@ def walk_files(root: Path) -> Iterable[tuple[str, bool]]:
 
 
 # -- the target ------------------------------------------------------------------------
-def store_files(directory: Path) -> set[str] | None:
-    """The files a windowkit store at ``directory`` consists of, by its manifest
-    (itself included); None when it has no manifest that names its files."""
-    manifest = directory / MANIFEST_NAME
-    try:
-        if not stat.S_ISREG(os.lstat(manifest).st_mode):
-            return None
-        return manifest_files(manifest.read_bytes())
-    except OSError:
+def store_manifest(directory: Path) -> Manifest | None:
+    """The manifest of the windowkit store at ``directory``, validated as
+    :func:`windowkit.open_store` validates it; None when there is no manifest.
+    An invalid one is a :class:`StoreExistsError`: such a directory is not
+    replaced (its listing cannot be trusted to name only windowkit's files)."""
+    if not os.path.lexists(directory / MANIFEST_NAME):
         return None
+    try:
+        return Manifest.read(directory)
+    except StoreError as exc:
+        raise StoreExistsError(
+            f"{directory}: --overwrite replaces only a windowkit store or an empty directory, "
+            f"and its {MANIFEST_NAME} does not open as one ({_reason(exc, directory)}); "
+            "nothing was changed") from None
 
 
-def manifest_files(raw: bytes) -> set[str] | None:
-    """The files a manifest's bytes name (itself included); None when they are
-    not a windowkit manifest that names its files."""
-    try:
-        data = json.loads(raw)
-        paths = {check_store_path(entry["path"]) for entry in data["files"]}
-        if not isinstance(data["format_version"], int):
-            return None
-    except (ValueError, KeyError, TypeError):
-        return None
-    return {*paths, MANIFEST_NAME}
+def _reason(exc: StoreError, directory: Path) -> str:
+    """``exc``'s message without the path it starts with."""
+    text = str(exc)
+    for prefix in (f"{directory / MANIFEST_NAME}: ", f"{directory}: "):
+        text = text.removeprefix(prefix)
+    return text
 
 
 def _foreign_content(directory: Path) -> str | None:
-    """What in ``directory`` windowkit did not write (None: it is a store whose
-    every file its manifest lists)."""
-    ours = store_files(directory)
-    if ours is None:
+    """What in ``directory`` windowkit did not write, or changed since (None: it
+    is a valid store whose every file its manifest lists, at its size)."""
+    manifest = store_manifest(directory)
+    if manifest is None:
         entries = sorted(os.listdir(directory))
         more = f" and {len(entries) - 1} more entries" if len(entries) > 1 else ""
         return f"it holds {entries[0]!r}{more} and no windowkit manifest"
+    sizes = {entry.path: entry.bytes for entry in manifest.files}
     for relative, is_link in walk_files(directory):
-        if is_link or relative not in ours:
+        if relative == MANIFEST_NAME:
+            continue
+        if is_link or relative not in sizes:
             return f"it holds {relative!r}, which windowkit did not write"
+        if os.lstat(directory / relative).st_size != sizes[relative]:
+            return f"{relative!r} was changed since windowkit wrote it"
     return None
 
 
+def _is_finished_store(directory: Path) -> bool:
+    """Whether ``directory`` holds a valid store and nothing else (a workspace
+    whose rename into place was interrupted)."""
+    try:
+        return _foreign_content(directory) is None
+    except StoreExistsError:
+        return False
+
+
 def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> None:
-    """Refuse a target that is a link, holds a source, or is not empty and may
-    not be replaced: only a windowkit store or an empty directory may be, with
-    ``overwrite``. Nothing is changed."""
+    """Refuse a target that is a link, holds a source, is the current directory
+    (or holds it), or is not empty and may not be replaced: only a valid
+    windowkit store or an empty directory may be, with ``overwrite``. Nothing
+    is changed."""
     if os.path.islink(out):
         raise StoreExistsError(f"{out}: is a symbolic link; windowkit writes a store only "
                                "to a real directory (it follows no links)")
@@ -149,6 +168,7 @@ def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> 
         if real == real_out or real.startswith(real_out.rstrip(os.sep) + os.sep):
             raise StoreExistsError(f"{out}: holds the source {source}; write the store "
                                    "somewhere else (--out)")
+    _refuse_working_directory(out, real_out)
     if not os.path.lexists(out):
         return
     if not out.is_dir():
@@ -164,18 +184,44 @@ def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> 
                                f"empty directory, and {problem}; nothing was changed")
 
 
-def _remove_store(directory: Path, files: set[str]) -> None:
-    """Delete a retired store's files by name, then its empty directories; keep
-    (and name) anything else that appeared in it."""
-    for relative in files:
+def _refuse_working_directory(out: Path, real_out: str) -> None:
+    """A store is published by renaming a directory into place beside it: the
+    current directory (or one holding it, or ``/``) cannot be the target."""
+    cwd = os.path.realpath(os.getcwd())
+    if real_out == os.path.dirname(real_out) or cwd == real_out or cwd.startswith(
+            real_out.rstrip(os.sep) + os.sep):
+        raise StoreExistsError(f"{out}: is the current directory or holds it; a store is "
+                               "published by renaming a new directory into place, so name "
+                               "one inside it (e.g. --out ./store)")
+
+
+def _remove_store(directory: Path, out: Path) -> None:
+    """Delete a retired store's files: each its (valid) manifest lists whose size
+    and SHA-256 still match, then the manifest and the empty directories. Keep,
+    and name in a warning, anything else (a file changed or added since)."""
+    try:
+        manifest = Manifest.read(directory)
+    except StoreError:
+        manifest = None
+    entries = manifest.files if manifest is not None else []
+    for entry in entries:
+        path = directory / entry.path
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(directory / relative)
-    for path, _, _ in sorted(os.walk(directory), key=lambda item: -len(item[0])):
+            info = os.lstat(path)
+            if (stat.S_ISREG(info.st_mode) and info.st_size == entry.bytes
+                    and file_digest(path) == entry.sha256):
+                os.unlink(path)
+    if manifest is not None:
+        os.unlink(directory / MANIFEST_NAME)
+    for folder, _, _ in sorted(os.walk(directory), key=lambda item: -len(item[0])):
         with contextlib.suppress(OSError):
-            os.rmdir(path)
-    if os.path.lexists(directory):
-        log.warning("%s: kept: the replaced store held files windowkit did not write",
-                    directory)
+            os.rmdir(folder)
+    kept = sorted(relative for relative, _ in walk_files(directory)) if os.path.lexists(
+        directory) else []
+    if kept:
+        more = f" (and {len(kept) - 1} more files)" if len(kept) > 1 else ""
+        log.warning("%s: kept %r%s of the replaced store in %s: changed since windowkit "
+                    "wrote it, or not written by windowkit", out, kept[0], more, directory)
 
 
 # -- the workspace -----------------------------------------------------------------------
@@ -184,7 +230,8 @@ class Workspace:
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.root = out.parent / f".{out.name}.windowkit-partial"
+        where = Path(os.path.abspath(out))  # "." or "a/..": beside the directory it names
+        self.root = where.parent / f".{where.name}.windowkit-partial"
         self.inherited = False  # it held finished shards of an earlier run
         self._fd: int | None = None
         self._created_parents: list[Path] = []
@@ -224,7 +271,7 @@ class Workspace:
         self._fd = fd
         entries = set(os.listdir(self.root))
         # without the marker: empty, or a finished store whose rename was interrupted
-        if entries and MARKER not in entries and _foreign_content(self.root) is not None:
+        if entries and MARKER not in entries and not _is_finished_store(self.root):
             self.release()
             raise StoreExistsError(f"{self.root}: exists and was not made by windowkit (it "
                                    f"holds {sorted(entries)[0]!r}); move it away and run again")
@@ -309,11 +356,13 @@ class Workspace:
                             {**marker, "number": number})
 
     def publish(self, *, overwrite: bool) -> None:
-        """Check the target again, make every file durable, rename the workspace
-        to the target and delete the store it replaces (its files only)."""
+        """Check the new manifest (as opening the store will) and the target
+        again, make every file durable, rename the workspace to the target and
+        delete the store it replaces (its own unchanged files only)."""
+        self.check_manifest()
         check_target(self.out, overwrite=overwrite)  # it may have appeared meanwhile
-        old_files = store_files(self.out) if os.path.lexists(self.out) else None
-        if os.path.lexists(self.out) and old_files is None:  # an empty directory
+        replacing = os.path.lexists(self.out) and store_manifest(self.out) is not None
+        if os.path.lexists(self.out) and not replacing:  # an empty directory
             try:
                 os.rmdir(self.out)
             except OSError as exc:  # something appeared in it: keep our work, touch nothing
@@ -327,14 +376,26 @@ class Workspace:
                 fsync(Path(directory) / name)
             fsync(Path(directory))
         retired = None
-        if old_files is not None:  # a windowkit store: moved aside, deleted by name below
-            retired = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.windowkit-old-",
-                                            dir=self.out.parent))
+        if replacing:  # a valid windowkit store: moved aside, its files deleted below
+            name = Path(os.path.abspath(self.out)).name
+            retired = Path(tempfile.mkdtemp(prefix=f".{name}.windowkit-old-",
+                                            dir=self.root.parent))
             os.replace(self.out, retired)
         os.replace(self.root, self.out)
-        fsync(self.out.parent)
-        if retired is not None and old_files is not None:
-            _remove_store(retired, old_files)
+        fsync(self.root.parent)
+        if retired is not None:
+            _remove_store(retired, self.out)
+
+    def check_manifest(self) -> None:
+        """Refuse to publish a manifest that opening the store would refuse."""
+        try:
+            raw = read_manifest_bytes(self.root)
+        except StoreError as exc:
+            raise StoreError(f"{self.out}: the store was not published: {exc}") from None
+        try:
+            Manifest.parse(raw, str(self.out / MANIFEST_NAME))
+        except StoreError as exc:
+            raise StoreError(f"{exc}; nothing was published") from None
 
     def discard(self) -> None:
         """Remove the workspace, and the directories made for it (after a user

@@ -15,17 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import ValidationInfo, model_validator
 
 from windowkit._schema import Count, StorePath, Strict, context_value
 from windowkit.spec import WindowSpec
-
-if TYPE_CHECKING:
-
-    pass
 
 
 @dataclass(frozen=True)
@@ -72,6 +68,7 @@ class DataSection(Strict):
 
     compression: str
     raw_bytes: Count
+    digests: StorePath  # each block's digests (``windowkit.formats._checks``)
 
     @model_validator(mode="after")
     def _raw_bytes_match(self, info: ValidationInfo) -> DataSection:
@@ -79,6 +76,8 @@ class DataSection(Strict):
         if rows is not None and row_bytes is not None and self.raw_bytes != rows * row_bytes:
             raise ValueError(f"raw_bytes {self.raw_bytes} is not total_rows ({rows}) times "
                              f"the row's {row_bytes} bytes")
+        if self.digests not in (context_value(info, "files") or set()):
+            raise ValueError(f"block digests {self.digests!r} are not in files")
         return self
 
     def check_compression(self, allowed: Sequence[str]) -> None:
@@ -156,7 +155,8 @@ class ReaderSetup:
     block_rows: int
     total_rows: int
     span: int  # rows one window covers
-    check_store: Callable[[], None]  # raises if the store was replaced meanwhile
+    #: raises if the store was replaced meanwhile; ``fresh=True`` asks object storage now
+    check_store: Callable[..., None]
     store_id: str
 
 

@@ -24,6 +24,14 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from windowkit._schema import Name
 from windowkit.errors import StoreError
+from windowkit.formats._checks import (
+    BlockDigester,
+    CheckedReader,
+    ask_guard,
+    checked,
+    refuse_link,
+    write_digests,
+)
 from windowkit.formats.base import (
     STORE_ID_KEY,
     DataFile,
@@ -149,19 +157,17 @@ class ParquetRowReader:
         path = self._root / entry["path"]
         first_open = i not in self._known
         known = self._known.get(i, {})
+        refuse_link(path)
         try:
             handle = open_parquet(path, known=known, page_checksum_verification=True)
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
+            ask_guard(self._setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{path}: cannot open Parquet file ({exc})") from exc
+        refuse_link(path)  # checked again after the open: no link was swapped in
         self._setup.check_store()  # after the open: the handle reads this store's file
         if first_open:  # what the file holds: checked once
             self._check_schema(path, handle.schema_arrow)
-            meta = handle.metadata
-            sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-            if sum(sizes) != entry["rows"]:
-                raise StoreError(f"{path}: holds {sum(sizes)} rows, manifest says "
-                                 f"{entry['rows']}")
-            self._group_starts[i] = entry["first_row"] + np.concatenate([[0], np.cumsum(sizes)])
+            self._group_starts[i] = self._check_groups(path, handle.metadata, entry)
             self._known[i] = known
         self._handles[i] = handle
         while len(self._handles) > OPEN_FILES:
@@ -181,8 +187,47 @@ class ParquetRowReader:
                              f"({want})")
         store_id = (schema.metadata or {}).get(STORE_ID_KEY.encode(), b"").decode()
         if store_id != self._setup.store_id:
+            ask_guard(self._setup)  # a replaced store says so
             raise StoreError(f"{path}: belongs to store id {store_id[:12] or '(none)'}, "
                              f"not to this store ({self._setup.store_id[:12]})")
+
+    def _check_groups(self, path: Path, meta: pq.FileMetaData, entry: dict[str, Any]
+                      ) -> np.ndarray:
+        """The global first row of each row group (and the file's end); one line
+        unless every row group is one whole storage block whose column chunks
+        decode into at most a block's bytes (a bomb is refused unread)."""
+        sizes = np.array([meta.row_group(g).num_rows for g in range(meta.num_row_groups)],
+                         dtype=np.int64)
+        if sizes.sum() != entry["rows"]:
+            raise StoreError(f"{path}: holds {sizes.sum()} rows, manifest says "
+                             f"{entry['rows']}")
+        starts = entry["first_row"] + np.concatenate([[0], np.cumsum(sizes)])
+        size = self.block_rows
+        ends = np.minimum(starts[:-1] // size * size + size, self._setup.total_rows)
+        bad = np.flatnonzero((starts[:-1] % size != 0) | (starts[1:] != ends))
+        if len(bad):
+            raise StoreError(f"{path}: row group {bad[0]} holds rows {starts[bad[0]]}.."
+                             f"{starts[bad[0] + 1]}, not one storage block of {size} rows")
+        limit = size * max(8, self._setup.dtype.itemsize * int(
+            np.prod(self._step_shape, dtype=np.int64))) * 2 + (1 << 16)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                if group.column(c).total_uncompressed_size > limit:
+                    raise StoreError(
+                        f"{path}: row group {g} column {group.column(c).path_in_schema} "
+                        f"declares {group.column(c).total_uncompressed_size} bytes decoded, "
+                        f"more than a block can hold ({limit}); refused")
+        return starts
+
+    def describe(self, block: int) -> str:
+        """Where block ``block`` lies, for messages."""
+        row = block * self.block_rows
+        i = max(0, int(np.searchsorted(self._file_first, row, side="right")) - 1)
+        starts = self._group_starts.get(i)
+        group = "" if starts is None else (
+            f" row group {int(np.searchsorted(starts, row, side='right')) - 1}")
+        return f"{self._root / self._files[i]['path']}{group}"
 
     def _read_groups(self, i: int, first: int, last: int) -> np.ndarray:
         """The rows of row groups ``first..last`` of part file ``i``, read with one
@@ -198,6 +243,7 @@ class ParquetRowReader:
                 self._setup.check_store()  # after the read: the bytes were this store's
             table = handle.read_row_groups(list(range(first, last + 1)), columns=self._columns)
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
+            ask_guard(self._setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{path}: cannot read {which} ({exc})") from exc
         if len(table) != starts[last + 1] - starts[first]:
             raise StoreError(f"{path}: {which} hold {len(table)} rows, the metadata says "
@@ -258,6 +304,7 @@ class ParquetFormat:
         of the block's series, in order)."""
         name = self.shard_files(data_dir, layout, shard)[0]
         build = _TableBuilder(layout)
+        digester = BlockDigester(layout)
         compression = None if layout.compression == "none" else layout.compression
         with pq.ParquetWriter(data_dir / name, build.schema, compression=compression,
                               write_page_checksum=True, write_statistics=True,
@@ -271,24 +318,28 @@ class ParquetFormat:
                     block.clear()
 
             current = -1
-            for piece in pieces:
+            for piece in digester.wrap(pieces):
                 if piece.global_start // layout.block_rows != current:
                     write_block()
                     current = piece.global_start // layout.block_rows
                 block.append(build(piece))
             write_block()
-        return {"path": f"data/{name}", "first_row": shard.first_row, "rows": shard.rows}
+        return {"path": f"data/{name}", "first_row": shard.first_row, "rows": shard.rows,
+                **digester.summary()}
 
     def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
         return [f"part-{shard.number:05d}.parquet"]
 
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]:
-        return layout.data_section(files=shards, columns=value_columns(layout.step_shape, None))
+        files = [{k: s[k] for k in ("path", "first_row", "rows")} for s in shards]
+        return layout.data_section(files=files, columns=value_columns(layout.step_shape, None),
+                                   digests=write_digests(data_dir, layout, shards))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
-                    ) -> ParquetRowReader:
-        return ParquetRowReader(data_dir, data, setup)
+                    ) -> CheckedReader:
+        reader = ParquetRowReader(data_dir, data, setup)
+        return checked(reader, data_dir, data, setup, reader.describe)
 
     block_name: str = "row group"
 

@@ -49,13 +49,22 @@ class RecordError(ValueError):
     """A record's bytes do not hold a valid, intact TFRecord record."""
 
 
-def unframe_record(stored: bytes, *, gzip: bool) -> bytes:
-    """The data of one stored record, after checking both CRCs."""
+def unframe_record(stored: bytes, *, gzip: bool, limit: int | None = None) -> bytes:
+    """The data of one stored record, after checking both CRCs; a gzip member
+    inflates into at most ``limit`` bytes of data (else ``RecordError``)."""
     if gzip:
+        most = (1 << 62) if limit is None else limit + _HEADER.size + _FOOTER.size
         try:
-            stored = zlib.decompress(stored, 31)
+            inflate = zlib.decompressobj(31)
+            raw = inflate.decompress(stored, most + 1)
         except zlib.error as exc:
             raise RecordError(f"gzip member is corrupt ({exc})") from exc
+        if len(raw) > most or inflate.unconsumed_tail:
+            raise RecordError(f"gzip member inflates past the {most} bytes a record can "
+                              "hold (refused)")
+        if not inflate.eof:
+            raise RecordError("gzip member is truncated")
+        stored = raw
     if len(stored) < _HEADER.size + _FOOTER.size:
         raise RecordError(f"record is truncated ({len(stored)} bytes)")
     length, length_crc = _HEADER.unpack_from(stored)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,14 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from windowkit._schema import Count, Positive, StorePath, context_value
 from windowkit.errors import StoreError
+from windowkit.formats._checks import (
+    BlockDigester,
+    CheckedReader,
+    ask_guard,
+    checked,
+    refuse_link,
+    write_digests,
+)
 from windowkit.formats.base import (
     STORE_ID_KEY,
     DataFile,
@@ -52,10 +60,6 @@ from windowkit.formats.tfrecord_io import (
 )
 from windowkit.location import open_parquet, read_ranges
 from windowkit.spec import WindowSpec
-
-if TYPE_CHECKING:
-
-    pass
 
 RECORDS_TABLE = "records.parquet"
 MAX_HALO_FRACTION = 0.05  # default blocks are long enough that halos add <= 5%
@@ -119,8 +123,9 @@ class TFRecordFormat:
         halo_rows = layout.window.span - 1
         table: dict[str, list[int]] = {name: [] for name in _RECORD_COLUMNS}
         offset = 0
+        digester = BlockDigester(layout)
         with open(data_dir / shard_name(shard.number, shard.count), "wb") as out:
-            for piece in pieces:
+            for piece in digester.wrap(pieces):
                 stop = piece.local_start + len(piece.rows)
                 halo = read_series(piece.series_id, stop,
                                    min(piece.series_rows, stop + halo_rows))
@@ -141,7 +146,7 @@ class TFRecordFormat:
                 offset += len(stored)
         return {"path": f"data/{shard_name(shard.number, shard.count)}",
                 "first_row": shard.first_row, "rows": shard.rows,
-                "records": len(table["record"]), "table": table}
+                "records": len(table["record"]), "table": table, **digester.summary()}
 
     def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
         return [shard_name(shard.number, shard.count)]
@@ -154,11 +159,13 @@ class TFRecordFormat:
         pq.write_table(table, data_dir / RECORDS_TABLE, write_page_checksum=True)
         return layout.data_section(
             shards=[{k: s[k] for k in ("path", "first_row", "rows", "records")} for s in shards],
-            records=f"data/{RECORDS_TABLE}", slot_rows=layout.block_rows + layout.window.span - 1)
+            records=f"data/{RECORDS_TABLE}", slot_rows=layout.block_rows + layout.window.span - 1,
+            digests=write_digests(data_dir, layout, shards))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
-                    ) -> TFRecordRowReader:
-        return TFRecordRowReader(data_dir, data, setup)
+                    ) -> CheckedReader:
+        reader = TFRecordRowReader(data_dir, data, setup)
+        return checked(reader, data_dir, data, setup, reader.describe)
 
     def open_graph_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                           ) -> Any:
@@ -188,16 +195,19 @@ class RecordTable:
     most a block plus its halo, and together every row once."""
 
     def __init__(self, path: Path, *, shards: int, setup: ReaderSetup) -> None:
+        refuse_link(path)
         try:
             file = open_parquet(path, page_checksum_verification=True)
             table = file.read()
             self.columns = {name: table.column(name).to_numpy().astype(np.int64, copy=False)
                             for name in _RECORD_COLUMNS}
         except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+            ask_guard(setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{path}: cannot read the TFRecord record table ({exc})") from exc
         setup.check_store()  # after the read: the table read was this store's
         store_id = (file.schema_arrow.metadata or {}).get(STORE_ID_KEY.encode(), b"").decode()
         if store_id != setup.store_id:
+            ask_guard(setup)  # a replaced store says so
             raise StoreError(f"{path}: belongs to store id {store_id[:12] or '(none)'}, "
                              f"not to this store ({setup.store_id[:12]})")
         problem = self._problem(shards, setup)
@@ -294,10 +304,15 @@ class TFRecordRowReader:
         paths = [self.shard_path(int(shard[run[0]])) for run in runs]
         starts = [int(offset[run[0]]) for run in runs]
         stops = [int(offset[run[-1]] + size[run[-1]]) for run in runs]
+        for path in set(paths):
+            refuse_link(path)
         try:
             blobs = read_ranges(paths, starts, stops)
         except OSError as exc:
+            ask_guard(self._setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{paths[0]}: cannot read shard ({exc})") from exc
+        for path in set(paths):  # checked again after the read: no link was swapped in
+            refuse_link(path)
         self._setup.check_store()  # after the read: the bytes read were this store's
         stored: dict[int, bytes] = {}
         for run, blob, start in zip(runs, blobs, starts, strict=True):
@@ -312,32 +327,53 @@ class TFRecordRowReader:
         return (f"{self.shard_path(int(table['shard'][record]))}: record {record} at byte "
                 f"{int(table['offset'][record])}")
 
+    def describe(self, block: int) -> str:
+        """Where block ``block`` lies (its first record), for messages."""
+        record = max(0, int(np.searchsorted(self.records["global_row"],
+                                            block * self.block_rows, side="right")) - 1)
+        return self._where(record)
+
     def _decode(self, record: int, stored: bytes) -> np.ndarray:
-        """The rows (block and halo) of one record, checked against its CRCs."""
+        """The rows (block and halo) of one record, checked against its CRCs and
+        the records table; inflated into at most the record's own bytes."""
         table = self.records
         size = int(table["bytes"][record])
         if len(stored) != size:
+            ask_guard(self._setup)  # a replaced store says so, never "truncated"
             raise StoreError(f"{self._where(record)}: file is truncated ({len(stored)} of "
                              f"{size} bytes)")
-        try:
-            ints, data = decode_example(unframe_record(stored, gzip=self._gzip))
-        except RecordError as exc:
-            raise StoreError(f"{self._where(record)}: {exc}") from exc
-        except DecodeError as exc:
-            raise StoreError(f"{self._where(record)}: not a valid Example ({exc})") from exc
         rows = int(table["rows"][record]) + int(table["halo"][record])
-        if ints.get("record") != [record] or "data" not in data:
-            raise StoreError(f"{self._where(record)}: holds record {ints.get('record')}, "
-                             f"expected {record}")
+        limit = rows * self._items * self._dtype.itemsize + _RECORD_OVERHEAD * 4
+        try:
+            ints, data = decode_example(unframe_record(stored, gzip=self._gzip, limit=limit))
+        except (RecordError, DecodeError) as exc:
+            ask_guard(self._setup)  # a replaced store says so, never "corrupt"
+            what = "not a valid Example: " if isinstance(exc, DecodeError) else ""
+            raise StoreError(f"{self._where(record)}: {what}{exc}") from exc
         if ints.get("store") != [self._tag]:
-            self._setup.check_store()  # a replaced store says so
+            ask_guard(self._setup)  # a replaced store says so
             raise StoreError(f"{self._where(record)}: belongs to another store (store tag "
                              f"{ints.get('store')}, expected {self._tag})")
+        self._check_fields(record, ints, data)
+        if len(data["data"]) != rows * self._items * self._dtype.itemsize:
+            raise StoreError(f"{self._where(record)}: holds {len(data['data'])} bytes of rows, "
+                             f"expected {rows} rows of {self._items} {self._dtype} values")
         values = np.frombuffer(data["data"], dtype=self._little)
-        if values.size != rows * self._items:
-            raise StoreError(f"{self._where(record)}: holds {values.size} values, expected "
-                             f"{rows} rows")
         return values.astype(self._dtype, copy=False).reshape(rows, *self._step_shape)
+
+    def _check_fields(self, record: int, ints: dict[str, list[int]],
+                      data: dict[str, bytes]) -> None:
+        """The record's own fields must say what the records table says of it."""
+        table = self.records
+        expected = {"record": [record], "series": [int(table["series"][record])],
+                    "row": [int(table["row"][record])], "rows": [int(table["rows"][record])],
+                    "halo": [int(table["halo"][record])], "shape": list(self._step_shape)}
+        found = {name: ints.get(name) for name in expected}
+        if found != expected or "data" not in data:
+            wrong = next((n for n in expected if found[n] != expected[n]), "data")
+            raise StoreError(f"{self._where(record)}: field {wrong!r} is "
+                             f"{found.get(wrong, 'missing')}, the records table says "
+                             f"{expected.get(wrong, 'bytes')}")
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return self.read_many([(start, stop)])[0]

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import google_crc32c
 import numpy as np
 from pydantic import ValidationInfo, model_validator
 
 from windowkit._schema import Positive, context_value
 from windowkit.errors import StoreError
+from windowkit.formats._checks import (
+    BlockDigester,
+    CheckedReader,
+    ask_guard,
+    checked,
+    read_file,
+    refuse_link,
+    write_digests,
+)
 from windowkit.formats.base import (
     STORE_ID_KEY,
     DataLayout,
@@ -20,7 +34,7 @@ from windowkit.formats.base import (
     ReadSeries,
     ShardTask,
 )
-from windowkit.location import as_url_path, is_remote, list_objects, remote_errors
+from windowkit.location import as_url_path, is_remote, list_objects, read_ranges, remote_errors
 from windowkit.spec import WindowSpec
 
 COMPRESSIONS = ("zstd", "gzip", "none")
@@ -68,6 +82,24 @@ class _SlabWriter:
         return self._slab_start
 
 
+async def _cancel_other_tasks() -> None:
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _settle_pending_writes() -> None:
+    """Cancel and await what is left on zarr's event loop after a failed write."""
+    from zarr.core import sync
+
+    loop = sync.loop[0]
+    if loop is not None and loop.is_running():
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop).result(timeout=30)
+
+
 class ZarrData(DataSection):
     """The manifest's ``data`` section of a Zarr store."""
 
@@ -97,65 +129,177 @@ def zarr_store(data_dir: Path) -> Any:
 
 
 class ZarrRowReader:
-    """Reads global row ranges; a missing chunk file is an error, never fill values."""
+    """Reads global row ranges chunk by chunk: each chunk file is read (locally
+    without following a link), its CRC-32C checked and its rows decoded into at
+    most one chunk's bytes (a decompression bomb is one line); a missing chunk
+    file is an error, never fill values."""
 
-    def __init__(self, data_dir: Path, setup: ReaderSetup) -> None:
+    def __init__(self, data_dir: Path, setup: ReaderSetup, compression: str) -> None:
         self._data_dir = data_dir
         self._setup = setup
+        self._compression = compression
         self.block_rows = setup.block_rows
-        self._array: Any = None  # opened lazily, so readers pickle across processes
-        self._chunk_keys: set[str] | None = None  # on object storage: listed once
+        self._chunk_bytes = setup.block_rows * max(1, setup.dtype.itemsize * int(
+            np.prod(setup.step_shape, dtype=np.int64)))
+        self._little = setup.dtype.newbyteorder("<")
+        self._rest = "/0" * len(setup.step_shape)  # the chunk key after the row chunk
+        self._opened = False
+        self._chunk_keys: dict[str, int] | None = None  # on object storage: listed once
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_array": None, "_chunk_keys": None}
+        return {**self.__dict__, "_opened": False, "_chunk_keys": None}
 
-    def _open(self) -> Any:
-        if self._array is None:
-            import zarr
+    def _open(self) -> None:
+        """Check the array's metadata against the manifest (once)."""
+        if self._opened:
+            return
+        import zarr
 
-            setup, where = self._setup, self._data_dir / "zarr.json"
-            try:
-                array = zarr.open_array(store=zarr_store(self._data_dir), mode="r")
-                found = (tuple(array.shape), tuple(array.chunks), np.dtype(array.dtype),
-                         array.attrs.get(STORE_ID_KEY))
-            except (OSError, ValueError, KeyError, TypeError) as exc:  # damaged metadata
-                raise StoreError(f"{where}: cannot open the Zarr array ({exc})") from exc
-            setup.check_store()  # after the read: the metadata read was this store's
-            expected = ((setup.total_rows, *setup.step_shape),
-                        (setup.block_rows, *setup.step_shape), setup.dtype, setup.store_id)
-            if found != expected:
-                raise StoreError(f"{where}: the array (shape, chunks, dtype, store id) "
-                                 f"{found} differs from the manifest's {expected}")
-            self._array = array
-        return self._array
+        setup, where = self._setup, self._data_dir / "zarr.json"
+        refuse_link(where)
+        try:
+            array = zarr.open_array(store=zarr_store(self._data_dir), mode="r")
+            found = (tuple(array.shape), tuple(array.chunks), np.dtype(array.dtype),
+                     array.attrs.get(STORE_ID_KEY))
+            codecs = _codec_names(array.metadata)
+            key = array.metadata.encode_chunk_key((1,) + (0,) * (array.ndim - 1))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            ask_guard(setup)  # a replaced store says so, never "corrupt"
+            raise StoreError(f"{where}: cannot open the Zarr array ({exc})") from exc
+        ask_guard(setup)  # after the read: the metadata read was this store's
+        expected = ((setup.total_rows, *setup.step_shape),
+                    (setup.block_rows, *setup.step_shape), setup.dtype, setup.store_id)
+        if found != expected:
+            raise StoreError(f"{where}: the array (shape, chunks, dtype, store id) "
+                             f"{found} differs from the manifest's {expected}")
+        want = _expected_codecs(self._compression, setup.dtype)
+        if codecs != want or key != f"c/1{self._rest}":
+            raise StoreError(f"{where}: the array's codecs {codecs} (chunk key {key!r}) "
+                             f"differ from what the manifest says: {want} (key "
+                             f"'c/1{self._rest}')")
+        self._opened = True
 
-    def _has_chunk(self, key: str) -> bool:
+    def _chunk_path(self, chunk: int) -> Path:
+        return self._data_dir / f"c/{chunk}{self._rest}"
+
+    def _stored(self, chunks: range) -> list[bytes]:
+        """The stored bytes of ``chunks`` (read together on object storage)."""
+        limit = self._chunk_bytes + self._chunk_bytes // 100 + 1024
+        paths = [self._chunk_path(c) for c in chunks]
         if not is_remote(self._data_dir):
-            return (self._data_dir / key).is_file()
+            return [_read_chunk(path, limit) for path in paths]
         if self._chunk_keys is None:  # one listing, not a request per chunk
-            self._chunk_keys = set(list_objects(self._data_dir))
-        return key in self._chunk_keys
+            self._chunk_keys = list_objects(self._data_dir)
+        sizes = [self._chunk_keys.get(f"c/{c}{self._rest}") for c in chunks]
+        for path, size in zip(paths, sizes, strict=True):
+            if size is None:
+                raise StoreError(f"{path}: Zarr chunk file is missing")
+            if size > limit:
+                raise StoreError(f"{path}: holds {size} bytes, more than a chunk can")
+        try:
+            return read_ranges(paths, [0] * len(paths), [int(s or 0) for s in sizes])
+        except OSError as exc:
+            raise StoreError(f"{paths[0]}: cannot read ({exc})") from exc
 
-    def _check_chunks(self, start: int, stop: int) -> None:
-        array = self._open()
-        for chunk in range(start // self.block_rows, -(-stop // self.block_rows)):
-            key = array.metadata.encode_chunk_key((chunk,) + (0,) * (array.ndim - 1))
-            if not self._has_chunk(key):
-                raise StoreError(f"{self._data_dir / key}: Zarr chunk file is missing")
+    def _decode(self, chunk: int, stored: bytes) -> np.ndarray:
+        """A chunk's rows: CRC checked, decoded into at most one chunk's bytes."""
+        path = self._chunk_path(chunk)
+        found, kept = google_crc32c.value(stored[:-4]), int.from_bytes(stored[-4:], "little")
+        if len(stored) < 4 or found != kept:
+            ask_guard(self._setup)  # a replaced store says so, never "corrupt"
+            raise StoreError(f"{path}: Zarr chunk fails its CRC-32C check") from ValueError(
+                f"CRC-32C of {len(stored) - 4} bytes is {found:#010x}, the chunk says "
+                f"{kept:#010x}")
+        try:
+            raw = decompress(stored[:-4], self._compression, self._chunk_bytes)
+        except ValueError as exc:
+            ask_guard(self._setup)
+            raise StoreError(f"{path}: cannot decode Zarr chunk ({exc})") from exc
+        values = np.frombuffer(raw, dtype=self._little)
+        return values.astype(self._setup.dtype, copy=False).reshape(
+            self.block_rows, *self._setup.step_shape)
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        self._check_chunks(start, stop)
+        self._open()
+        size = self.block_rows
+        chunks = range(start // size, -(-stop // size))
         try:
-            rows = np.asarray(self._open()[start:stop])
-        except (OSError, ValueError, RuntimeError) as exc:  # checksum mismatch, bad frame
-            raise StoreError(f"{self._data_dir}: cannot read rows {start}..{stop}, chunks "
-                             f"{start // self.block_rows}..{(stop - 1) // self.block_rows} "
-                             f"({exc})") from exc
+            stored = self._stored(chunks)
+        except StoreError:
+            ask_guard(self._setup)  # a replaced store says so, never "missing"
+            raise
         self._setup.check_store()  # after the read: the chunks read were this store's
-        if len(rows) != stop - start:
-            raise StoreError(f"{self._data_dir}: rows {start}..{stop} (chunk "
-                             f"{start // self.block_rows}): read {len(rows)} rows")
-        return rows
+        out = np.empty((max(0, stop - start), *self._setup.step_shape), dtype=self._setup.dtype)
+        for chunk, blob in zip(chunks, stored, strict=True):
+            rows = self._decode(chunk, blob)
+            lo, hi = max(start, chunk * size), min(stop, (chunk + 1) * size)
+            out[lo - start:hi - start] = rows[lo - chunk * size:hi - chunk * size]
+        return out
+
+    def describe(self, block: int) -> str:
+        """Where block ``block`` lies, for messages."""
+        return f"{self._chunk_path(block)} (Zarr chunk {block})"
+
+
+def _codec_names(metadata: Any) -> list[str]:
+    """The array's codecs as ``name`` (``bytes:<endian>`` for the bytes codec)."""
+    names = []
+    for codec in metadata.codecs:
+        name = type(codec).__name__.removesuffix("Codec").lower()
+        if name == "bytes":
+            endian = getattr(codec, "endian", None)
+            name += f":{getattr(endian, 'value', endian)}"
+        names.append(name)
+    return names
+
+
+def _expected_codecs(compression: str, dtype: np.dtype) -> list[str]:
+    endian = "little" if dtype.itemsize > 1 else None
+    return [f"bytes:{endian}", *([] if compression == "none" else [compression]), "crc32c"]
+
+
+def _read_chunk(path: Path, limit: int) -> bytes:
+    try:
+        return read_file(path, limit)
+    except StoreError as exc:
+        if not os.path.lexists(path):
+            raise StoreError(f"{path}: Zarr chunk file is missing") from exc
+        raise
+
+
+def _zstd_content_size(frame: bytes) -> int | None:
+    """The decoded size a zstd frame's header declares (None: not declared)."""
+    if len(frame) < 6 or frame[:4] != b"\x28\xb5\x2f\xfd":
+        raise ValueError("not a zstd frame")
+    descriptor = frame[4]
+    flag, single = descriptor >> 6, (descriptor >> 5) & 1
+    size = {0: single, 1: 2, 2: 4, 3: 8}[flag]
+    if size == 0:
+        return None
+    at = 5 + (0 if single else 1) + {0: 0, 1: 1, 2: 2, 3: 4}[descriptor & 3]
+    value = int.from_bytes(frame[at:at + size], "little")
+    return value + 256 if size == 2 else value
+
+
+def decompress(payload: bytes, compression: str, size: int) -> bytes:
+    """``payload`` decoded into exactly ``size`` bytes, never more (else ValueError)."""
+    if compression == "none":
+        raw = payload
+    elif compression == "zstd":
+        from numcodecs import Zstd
+
+        declared = _zstd_content_size(payload)
+        if declared != size:
+            raise ValueError(f"the zstd frame declares {declared} bytes, a chunk holds {size}")
+        raw = bytes(Zstd().decode(payload, out=bytearray(size)))
+    else:
+        inflate = zlib.decompressobj(47)  # gzip or zlib header
+        raw = inflate.decompress(payload, size + 1)
+        if len(raw) > size or inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError(f"the gzip stream does not hold exactly {size} bytes")
+    if len(raw) != size:
+        raise ValueError(f"decoded to {len(raw)} bytes, a chunk holds {size}")
+    return raw
 
 
 class ZarrFormat:
@@ -197,13 +341,18 @@ class ZarrFormat:
         array = zarr.open_array(store=str(data_dir), mode="r+").with_config(
             {"write_empty_chunks": True})
         slab = _SlabWriter(array, layout, shard.first_row)
-        for piece in pieces:
-            slab.write(piece.global_start, piece.rows)
-        end = slab.flush()
+        digester = BlockDigester(layout)
+        try:
+            for piece in digester.wrap(pieces):
+                slab.write(piece.global_start, piece.rows)
+            end = slab.flush()
+        except BaseException:  # e.g. ENOSPC: the chunk writes still pending end here,
+            _settle_pending_writes()  # not as "Task was destroyed" noise at exit
+            raise
         if end != shard.first_row + shard.rows:
             raise StoreError(f"shard {shard.number} wrote rows up to {end}, expected "
                              f"{shard.first_row + shard.rows}")
-        return {"rows": shard.rows}
+        return {"rows": shard.rows, **digester.summary()}
 
     def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
         """The chunk files of the shard's blocks (default v3 chunk key encoding)."""
@@ -214,11 +363,13 @@ class ZarrFormat:
 
     def finish(self, data_dir: Path, layout: DataLayout,
                shards: list[dict[str, Any]]) -> dict[str, Any]:
-        return layout.data_section(array=".", chunk_rows=layout.block_rows)
+        return layout.data_section(array=".", chunk_rows=layout.block_rows,
+                                   digests=write_digests(data_dir, layout, shards))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
-                    ) -> ZarrRowReader:
-        return ZarrRowReader(data_dir, setup)
+                    ) -> CheckedReader:
+        reader = ZarrRowReader(data_dir, setup, data["compression"])
+        return checked(reader, data_dir, data, setup, reader.describe)
 
     block_name: str = "chunk"
 

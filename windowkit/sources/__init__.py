@@ -14,6 +14,7 @@ from windowkit.sources._arrays import (
     open_sources,
     source_files,
 )
+from windowkit.sources._pins import SourcePins, changed_rows, check_regular
 from windowkit.sources._tables import (
     DEFAULT_SORT_MEMORY,
     StagedSeries,
@@ -25,6 +26,7 @@ from windowkit.sources._tables import (
 from windowkit.sources._times import parse_gap, parse_time
 
 __all__ = ["DEFAULT_SORT_MEMORY", "ArraySeries", "NpySeries", "RemoteNpySeries", "Series",
-           "SourceLike", "StagedSeries", "TableOptions", "check_consistent", "check_finite",
+           "SourceLike", "SourcePins", "StagedSeries", "TableOptions", "changed_rows",
+           "check_consistent", "check_finite", "check_regular",
            "estimate_staged_bytes", "is_table", "open_sources", "parse_gap", "parse_time",
            "source_files", "stage_table"]

@@ -19,13 +19,16 @@ from urllib.parse import urlsplit
 import numpy as np
 import xxhash
 
-from windowkit.errors import SourceError, SourceNotFoundError
+from windowkit._schema import MAX_STEP_ITEMS
+from windowkit.errors import SourceChangedError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, read_ranges, remote_errors, resolve
+from windowkit.sources._pins import check_regular, object_changed, remote_version
 
 SourceLike = str | os.PathLike[str] | np.ndarray | Sequence[Any] | Mapping[str, Any]
 
 _GLOB_CHARS = set("*?[")
 _DIGEST_BYTES = 16 << 20  # rows hashed at a time
+MAX_STEP_DIMS = 8  # dimensions of a row (step) that a store's manifest holds
 
 
 class Series(Protocol):
@@ -86,7 +89,7 @@ class NpySeries:
 
     @classmethod
     def open(cls, path: str) -> NpySeries:
-        if not os.path.exists(path):
+        if check_regular(path) is None:
             raise SourceNotFoundError(f"{path}: no such file")
         if os.path.isdir(path):
             raise SourceError(f"{path}: is a directory, expected a .npy file")
@@ -126,16 +129,29 @@ class NpySeries:
         )
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        if self.fortran_order:
-            mm = np.load(self.path, mmap_mode="r")
-            return np.ascontiguousarray(mm[start:stop], dtype=self.dtype)
-        step_items = int(np.prod(self.step_shape, dtype=np.int64))
-        count = (stop - start) * step_items
-        offset = self.data_offset + start * step_items * self.file_dtype.itemsize
-        block = np.fromfile(self.path, dtype=self.file_dtype, count=count, offset=offset)
-        if block.size != count:
-            raise SourceError(f"{self.path}: file ended early while reading rows {start}..{stop}")
+        try:
+            if self.fortran_order:
+                return self._read_fortran(start, stop)
+            step_items = int(np.prod(self.step_shape, dtype=np.int64))
+            count = (stop - start) * step_items
+            offset = self.data_offset + start * step_items * self.file_dtype.itemsize
+            block = np.fromfile(self.path, dtype=self.file_dtype, count=count, offset=offset)
+        except (ValueError, OSError) as exc:  # truncated or replaced since it was opened
+            raise SourceChangedError(f"{self.path}: cannot read rows {start}..{stop}; the file "
+                              "changed or was truncated during the conversion "
+                              f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                              ) from None
+        if block.size != count:  # it was whole when opened
+            raise SourceChangedError(f"{self.path}: file ended early while reading rows "
+                                     f"{start}..{stop}; it changed during the conversion")
         return block.reshape((stop - start, *self.step_shape)).astype(self.dtype, copy=False)
+
+    def _read_fortran(self, start: int, stop: int) -> np.ndarray:
+        """Rows of a Fortran-ordered file, through a memory map of the whole file."""
+        mm = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        if mm.shape[1:] != self.step_shape or len(mm) < stop or mm.dtype != self.file_dtype:
+            raise ValueError(f"it now holds {mm.shape} {mm.dtype}")
+        return np.ascontiguousarray(mm[start:stop], dtype=self.dtype)
 
 
 @dataclass
@@ -231,19 +247,29 @@ class RemoteNpySeries:
         return cls(path=url, key=Path(urlsplit(url).path).stem, rows=int(shape[0]),
                    dtype=check_dtype(file_dtype, url),
                    step_shape=tuple(int(d) for d in shape[1:]), data_offset=offset,
-                   file_dtype=file_dtype,
-                   version=str(info.get("ETag") or info.get("mtime") or info.get("size")))
+                   file_dtype=file_dtype, version=_version(info))
 
     def read(self, start: int, stop: int) -> np.ndarray:
         step_items = int(np.prod(self.step_shape, dtype=np.int64))
         row_bytes = step_items * self.file_dtype.itemsize
         first = self.data_offset + start * row_bytes
-        data = read_ranges([resolve(self.path)], [first], [first + (stop - start) * row_bytes])[0]
+        try:
+            data = read_ranges([resolve(self.path)], [first],
+                               [first + (stop - start) * row_bytes])[0]
+        except (OSError, WindowkitError):  # the object may have been written again
+            if remote_version(self.path) != self.version:
+                raise object_changed(self.path) from None
+            raise
         if len(data) != (stop - start) * row_bytes:
             raise SourceError(f"{self.path}: file ended early while reading rows {start}..{stop}")
         block = np.frombuffer(data, dtype=self.file_dtype).reshape(stop - start,
                                                                    *self.step_shape)
         return block.astype(self.dtype, copy=False)
+
+
+def _version(info: Mapping[str, Any]) -> str:
+    """What identifies an object's content: its ETag (else time, else size)."""
+    return str(info.get("ETag") or info.get("mtime") or info.get("size"))
 
 
 def _expand_path(path: str) -> list[str]:
@@ -325,6 +351,7 @@ def check_consistent(series: Iterable[Series]) -> list[Series]:
     if not series:
         raise SourceError("the source holds no series")
     first = series[0]
+    _check_step_shape(first)
     keys: set[str] = set()
     for s in series:
         if s.key in keys:
@@ -343,6 +370,22 @@ def check_consistent(series: Iterable[Series]) -> list[Series]:
                 f"({first.step_shape}); every series of a store must share one step shape"
             )
     return series
+
+
+def _check_step_shape(series: Series) -> None:
+    """Refuse rows a store cannot hold: more than 8 dimensions, or no values."""
+    shape = series.step_shape
+    if len(shape) > MAX_STEP_DIMS:
+        raise SourceError(f"{series.where}: rows have {len(shape)} dimensions {shape}; a "
+                          f"store holds rows of at most {MAX_STEP_DIMS} dimensions (reshape "
+                          "the array)")
+    if 0 in shape:
+        raise SourceError(f"{series.where}: rows hold no values (step shape {shape}); each "
+                          "row needs at least one feature")
+    items = int(np.prod(shape, dtype=np.int64))
+    if items > MAX_STEP_ITEMS:
+        raise SourceError(f"{series.where}: rows hold {items} values each; a store holds "
+                          f"at most {MAX_STEP_ITEMS} per row")
 
 
 def check_finite(block: np.ndarray, series: Series, first_row: int) -> None:

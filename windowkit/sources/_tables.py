@@ -20,6 +20,7 @@ missed sample is a gap, a month of 30 days among months of 31 is not.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import logging
@@ -35,15 +36,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from windowkit.errors import SourceError, SourceNotFoundError, WindowkitError
+from windowkit.errors import DiskSpaceError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
 from windowkit.sources._grouping import group_by_series, read_within
+from windowkit.sources._pins import check_regular
 from windowkit.sources._times import CLOCK_DIRECTIVES, parse_gap, time_unit, times_int64
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
 _CSV_BLOCK_BYTES = 8 << 20
 _TIME_CHUNK = 1 << 20  # time differences examined at once
+_MAX_NAME = 256  # characters of a column name a store's manifest holds
 DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
 
@@ -165,6 +168,13 @@ class _Stager:
         skip = {opts.series_col, opts.time_col, *self.static_names}
         self.features = list(opts.columns) if opts.columns else [
             n for n in names if n not in skip]
+        self._check_names(names, {*skip, *self.features} - {None})
+        for label, chosen in (("--columns", self.features), ("--static-columns",
+                                                              self.static_names)):
+            repeated = sorted({c for c in chosen if chosen.count(c) > 1})
+            if repeated:
+                raise SourceError(f"{self.name}: {label} names {repeated[0]!r} more than "
+                                  "once; name each column once")
         if not self.features:
             raise SourceError(f"{self.name}: no feature columns")
         kinds = []
@@ -188,6 +198,23 @@ class _Stager:
             elif opts.time_format:  # text without a format is refused at its first value
                 clock = any(code in opts.time_format for code in CLOCK_DIRECTIVES)
                 self.unit = "ns" if clock else "days"
+
+    def _check_names(self, names: list[str], used: set[str | None]) -> None:
+        """The columns used must have a name, at most 256 characters, found once."""
+        hint = ", or choose the columns to use with --columns"
+        for position, name in enumerate(names):
+            if name not in used:
+                continue
+            if not name.strip():
+                raise SourceError(f"{self.name}: column {position} (counting from 0) has no "
+                                  f"name in the header: name it{hint}")
+            if len(name) > _MAX_NAME:
+                raise SourceError(f"{self.name}: column {position} has a name of {len(name)} "
+                                  f"characters, over {_MAX_NAME}: rename it{hint}")
+            if names.count(name) > 1:
+                raise SourceError(f"{self.name}: column name {name!r} appears "
+                                  f"{names.count(name)} times in the header; column names "
+                                  f"must be unique: rename one{hint}")
 
     def _check_static(self, schema: pa.Schema) -> None:
         """Static columns: numeric, and neither the series, time nor a feature column."""
@@ -288,6 +315,12 @@ class _Stager:
         if keys.null_count:
             raise SourceError(f"{self.name}: row {self._source_row(self.row + _first_null(keys))}"
                               f", series column {self.options.series_col!r} is empty")
+        blank = pc.equal(pc.utf8_trim_whitespace(keys), "").to_numpy(zero_copy_only=False)
+        if blank.any():
+            at = self._source_row(self.row + int(np.flatnonzero(blank)[0]))
+            raise SourceError(f"{self.name}: row {at}, series column "
+                              f"{self.options.series_col!r} is empty; every row needs a "
+                              "series id")
         values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
         return values, np.flatnonzero(values[1:] != values[:-1]) + 1
 
@@ -425,6 +458,8 @@ def _batches(source: Any, name: str, needed: list[str] | None) -> Iterator[pa.Re
         return
     path = os.fspath(source)
     location = resolve(path)
+    if not is_url(path):
+        check_regular(path)  # a FIFO or a device is never opened
     with remote_errors(path, SourceError):
         if not location.exists():
             raise SourceNotFoundError(f"{path}: no such file")
@@ -440,7 +475,12 @@ def _batches(source: Any, name: str, needed: list[str] | None) -> Iterator[pa.Re
                                                            columns=needed)
     except (pa.ArrowInvalid, OSError) as exc:
         message = str(exc).splitlines()[0]
-        raise SourceError(f"{path}: cannot read the table ({message})") from None
+        hint = _UTF8_HINT if "UTF8" in message or "UTF-8" in message else ""
+        raise SourceError(f"{path}: cannot read the table ({message}){hint}") from None
+
+
+_UTF8_HINT = ("; windowkit reads UTF-8 text only: re-encode the file, e.g. "
+              "iconv -f latin1 -t utf-8")
 
 
 def _identify(source: Any) -> tuple[str, str]:
@@ -475,6 +515,8 @@ def estimate_staged_bytes(source: Any, options: TableOptions) -> int:
         path = os.fspath(source)
         location = resolve(path)
         try:
+            if not is_url(path):
+                check_regular(path)
             if _suffix(path) == ".csv":
                 from pyarrow import csv
 
@@ -489,8 +531,8 @@ def estimate_staged_bytes(source: Any, options: TableOptions) -> int:
             else:
                 meta = open_parquet(location).metadata
                 rows, columns = meta.num_rows, meta.num_columns
-        except (OSError, pa.ArrowInvalid, StopIteration, WindowkitError):
-            return 0  # unreadable or empty: staging says why
+        except (OSError, ValueError, StopIteration, WindowkitError):
+            return 0  # unreadable or empty (ArrowInvalid, UnicodeDecodeError): staging says why
     values = rows * len(options.columns) if options.columns else rows * columns
     return int(values * 8 * 2.3) + rows * 8 + (16 << 20)
 
@@ -503,14 +545,35 @@ def _stage(batches: Iterable[pa.RecordBatch], stager: _Stager, name: str) -> lis
                 stager.schema(batch.schema)
                 first = False
             stager.batch(batch)
-    except BaseException:
+    except BaseException as exc:
         stager.values.close()
         stager.times.close()
-        raise
+        translated = _staging_error(exc, name, stager)
+        if translated is None:
+            raise
+        raise translated from None
     series = stager.close()
     if first:
         raise SourceError(f"{name}: the table has no rows")
     return series
+
+
+def _staging_error(exc: BaseException, name: str, stager: _Stager) -> WindowkitError | None:
+    """One line for what staging a table raised: a header or values that are not
+    UTF-8, a full disk; None for anything else."""
+    if isinstance(exc, UnicodeDecodeError):  # column names (the header) not UTF-8
+        return SourceError(f"{name}: the header is not UTF-8 text (byte "
+                           f"{exc.object[exc.start]:#04x} in {exc.object[:exc.end + 8]!r})"
+                           f"{_UTF8_HINT}")
+    if isinstance(exc, pa.ArrowInvalid):  # a value pyarrow cannot convert
+        message = str(exc).splitlines()[0]
+        return SourceError(f"{name}: cannot read the table near row {stager.row} ({message})"
+                           f"{_UTF8_HINT if 'UTF8' in message else ''}")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return DiskSpaceError(f"{exc.filename or stager.values_path.parent}: {exc.strerror} "
+                              f"while staging the rows of {name}; make room and run the same "
+                              "command again")
+    return None
 
 
 def stage_table(source: Any, options: TableOptions, staging: Path, *,

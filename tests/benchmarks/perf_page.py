@@ -1,0 +1,235 @@
+"""Write the figures ``make bench`` measured into ``docs/performance.md``.
+
+Each benchmark part leaves ``<part>.json`` in ``WINDOWKIT_BENCH_DIR``
+(``bench-out/`` by default). The page holds one generated region per part,
+between ``<!-- figures:PART -->`` and ``<!-- /figures:PART -->``; this script
+rewrites the regions whose part has figures and leaves the rest of the page
+(the prose around them, and parts not measured in this run) as it is.
+
+    python -m tests.benchmarks.perf_page [--bench-dir DIR] [--page docs/performance.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
+FORMAT_NAMES = {"tfrecord": "TFRecord", "zarr": "Zarr", "parquet": "Parquet"}
+MODES = {"global": "global", "blocks": "block groups"}
+X, DASH = "\u00d7", "\u2013"  # the page's multiplication sign and en dash
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _fmt(name: str) -> str:
+    return FORMAT_NAMES.get(name, name)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table; every column but the first right-aligned."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|---|" + "---:|" * (len(header) - 1)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _when(figures: dict[str, Any], command: str) -> str:
+    return (f"*Measured by `{command}` on {figures.get('date', 'an unrecorded date')}, "
+            f"on a {figures.get('cores', '?')}-core machine.*")
+
+
+def throughput(fig: dict[str, Any]) -> list[str]:
+    """Each reader against every window materialized in memory."""
+    best, conv, raw = fig["best"], fig["convert"], fig["raw_bytes"]
+    plain = best["materialized"]
+    rows = []
+    for f in sorted(conv):
+        tf, keras, two = (best.get(f"{f} {r}") for r in
+                          ("tf_dataset", "keras_dataset", "keras_dataset x2"))
+        if tf:
+            rows.append([f"{_fmt(f)} `tf_dataset`", _n(tf["windows_s"]),
+                         f"**{tf['windows_s'] / plain['windows_s']:.2f}{X}**",
+                         f"{tf['peak_rss_mb']:,.0f} MB",
+                         f"{fig['disk_bytes'][f] / raw:.2f}{X} raw",
+                         f"{conv[f]['convert_mb_s']:,.0f} MB/s", ""])
+        if keras:
+            rows.append([f"{_fmt(f)} `keras_dataset`", _n(keras["windows_s"]),
+                         f"{keras['windows_s'] / plain['windows_s']:.2f}{X}",
+                         f"{keras['peak_rss_mb']:,.0f} MB", "", "",
+                         _n(two["windows_s"]) if two else ""])
+    rows.append(["plain: every window materialized in memory, `shuffle(10000).batch(256)`",
+                 _n(plain["windows_s"]), f"1.00{X}", f"{plain['peak_rss_mb']:,.0f} MB", "", "", ""])
+    header = ["reader", "windows/s", "vs plain", "peak RSS", "data on disk", "convert",
+              "2 threads"]
+    return [_when(fig, "make bench"), "", *_table(header, rows), "",
+            f"`import tensorflow` alone peaks at {fig['tf_import']['peak_rss_mb']:,.0f} MB; "
+            f"the materialized windows need {plain['materialized_bytes'] / 2**20:.0f} MiB "
+            f"for {raw / 2**20:.0f} MiB of rows. Best of {fig['rounds']} epochs per reader.",
+            *_check_cost(best)]
+
+
+def _check_cost(best: dict[str, Any]) -> list[str]:
+    """Each reader with its per-block checks on against off, when measured."""
+    rows = []
+    for key in sorted(k for k in best if f"{k} unchecked" in best):
+        on, off = best[key], best[f"{key} unchecked"]
+        fmt, reader = key.split(" ", 1)
+        rows.append([f"{_fmt(fmt)} `{reader}`", _n(on["windows_s"]), _n(off["windows_s"]),
+                     f"{on['windows_s'] / off['windows_s']:.3f}"])
+    if not rows:
+        return []
+    return ["", "Every block read is checked against its digest; what the checks cost "
+            "(same run, windows/s):", "",
+            *_table(["reader", "checks on", "checks off", "on / off"], rows)]
+
+
+def shuffling(fig: dict[str, Any]) -> list[str]:
+    """Both shuffle modes against every window materialized and permuted once."""
+    best, mixing = fig["best"], fig["mixing"]
+    base = best["permuted"]
+    rows = []
+    for mode, label in MODES.items():
+        for key in sorted(k for k in best if k.endswith(" " + mode)):
+            r, mix = best[key], mixing.get(key, {})
+            mixed = ([f"{mix['series']:.1f} of {mix['uniform_series']:.1f}",
+                      f"{mix['blocks']:.1f} of {mix['uniform_blocks']:.1f}"] if mix else ["", ""])
+            rows.append([f"{_fmt(key.split()[0])}, {label}", _n(r["windows_s"]),
+                         f"{r['windows_s'] / base['windows_s']:.2f}{X}",
+                         f"{r['peak_rss_mb']:,.0f} MB", *mixed])
+    rows.append(["materialized, permuted, `from_tensor_slices(...).batch(256)`",
+                 _n(base["windows_s"]), f"1.00{X}", f"{base['peak_rss_mb']:,.0f} MB", "", ""])
+    header = ["`tf_dataset`", "windows/s", "vs materialized and permuted", "peak RSS",
+              "distinct series per batch", "distinct blocks per batch"]
+    return [_when(fig, "make bench"), "", *_table(header, rows), "",
+            f"Best of {fig['rounds']} epochs each; \"of\" gives what a uniform permutation "
+            "of the same windows gives."]
+
+
+def sharding(fig: dict[str, Any]) -> list[str]:
+    """One process reading the whole split against two shards at once."""
+    rows = []
+    for r in fig["rows"]:
+        shards = [f"{_n(s['windows'])}, {s['read_bytes'] / 1e6:.1f}" for s in r["shards"]]
+        rows.append([f"{_fmt(r['format'])}, {MODES.get(r['mode'], r['mode'])}",
+                     _n(r["whole"]["windows_s"]), f"{r['whole']['read_bytes'] / 1e6:.1f}",
+                     *shards, f"{r['together'] / r['whole']['windows_s']:.2f}{X} whole"])
+    header = ["`tf_dataset`", "whole: windows/s", "MB read", "shard 0: windows, MB read",
+              "shard 1: windows, MB read", "both shards together"]
+    data = sorted({f"{r['data_mb']:.1f}" for r in fig["rows"]})
+    return [_when(fig, "make bench"), "", *_table(header, rows), "",
+            f"One epoch per process including its start-up, best of {fig['rounds']}; "
+            f"data files: {', '.join(data)} MB."]
+
+
+def forecasting(fig: dict[str, Any]) -> list[str]:
+    """Dict batches against plain ``(x, y)`` batches, per reader and format."""
+    found = {(r["format"], r["reader"]): r for r in fig["rows"]}
+    formats = sorted({f for f, _ in found}, key=lambda f: list(FORMAT_NAMES).index(f)
+                     if f in FORMAT_NAMES else len(FORMAT_NAMES))
+
+    def cells(reader: str, cell: Callable[[dict[str, Any]], str]) -> list[str]:
+        return [cell(found[f, reader]) if (f, reader) in found else "" for f in formats]
+
+    rows = []
+    for reader, name in (("tf", "`tf_dataset`"), ("keras", "`keras_dataset`")):
+        rows += [[f"{name}, plain `(x, y)`",
+                  *cells(reader, lambda r: f"{_n(r['plain'])} windows/s")],
+                 [f"{name}, dict / plain", *cells(
+                     reader,
+                     lambda r: f"{r['ratio']:.2f}{X} ({r['low']:.2f}{DASH}{r['high']:.2f})")],
+                 ["ditto, per CPU second", *cells(reader, lambda r: f"{r['cpu_ratio']:.2f}{X}")]]
+    return [_when(fig, "make bench"), "", *_table(["reader", *map(_fmt, formats)], rows), "",
+            f"Medians of {fig['rounds']} paired rounds (quartiles in brackets)."]
+
+
+def memory(fig: dict[str, Any]) -> list[str]:
+    """Convert speed and RSS, and the readers' peak RSS as the store grows."""
+    rows: list[list[str]] = []
+    rss: dict[str, list[tuple[float, float]]] = {}
+    for r in fig["rows"]:
+        conv, par, tf, keras = r["convert"], r["parallel"], r["tf"], r["keras"]
+        rows.append([_fmt(r["format"]), f"{r['gib']:g} GiB", f"{conv['convert_mb_s']:,.0f} MB/s",
+                     f"{par['convert_mb_s']:,.0f} MB/s",
+                     f"{par['peak_rss_mb']:.0f} + {par['worker_peak_rss_mb']:,.0f} MB",
+                     f"{_n(tf['windows_s'])} windows/s", f"{tf['peak_rss_mb']:,.0f} MB",
+                     f"{_n(keras['windows_s'])} windows/s", f"{keras['peak_rss_mb']:,.0f} MB"])
+        rss.setdefault(r["format"], []).append((tf["peak_rss_mb"], keras["peak_rss_mb"]))
+    header = ["format", "size", "convert", "`--workers 2`", "convert peak RSS (main + worker)",
+              "`tf_dataset` epoch", "its peak RSS", "`keras_dataset` epoch", "its peak RSS"]
+    growth = "; ".join(f"{_fmt(f)} {v[-1][0] - v[0][0]:+.0f} / {v[-1][1] - v[0][1]:+.0f} MB"
+                       for f, v in rss.items() if len(v) > 1)
+    lines = [_when(fig, "make bench-memory"), "", *_table(header, rows), "",
+             f"`import tensorflow` alone: {fig['tf_import']['peak_rss_mb']:,.0f} MB."]
+    if growth:
+        lines[-1] += (" Reader peak RSS, largest store minus smallest (`tf_dataset` / "
+                      f"`keras_dataset`): {growth}.")
+    return lines
+
+
+def csv(fig: dict[str, Any]) -> list[str]:
+    """A long CSV converted in bounded memory, and an interleaved one grouped in memory."""
+    lines = [_when(fig, "make bench-csv"), ""]
+    runs = fig["formats"]
+    if runs:
+        first = next(iter(runs.values()))
+        each = "; ".join(f"{_fmt(f)}: {r['seconds']:.0f} s, {r['csv_mb_s']:,.0f} MB/s of CSV, "
+                         f"peak RSS {r['peak_rss_mb']:,.0f} MB" for f, r in runs.items())
+        lines.append(f"- A {first['csv_bytes'] / 2**30:.2f} GiB long CSV ({_n(first['rows'])} "
+                     f"rows of {fig['series']} series, an integer time column, 8 float "
+                     f"columns), streamed: {each}.")
+    if inter := fig.get("interleaved"):
+        lines.append(f"- A {inter['csv_bytes'] / 2**20:.0f} MiB CSV of {inter['series']} "
+                     f"interleaved series ({_n(inter['rows'])} rows), grouped in memory and "
+                     f"converted to {_fmt(inter['format'])}: {inter['seconds']:.0f} s, "
+                     f"peak RSS {inter['peak_rss_mb']:,.0f} MB.")
+    return lines
+
+
+PARTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "throughput": throughput, "shuffling": shuffling, "sharding": sharding,
+    "forecasting": forecasting, "memory": memory, "csv": csv,
+}
+
+
+def render(page: str, bench_dir: Path) -> tuple[str, list[str]]:
+    """The page with each measured part's region rewritten, and the parts rewritten."""
+    done = []
+    for part, write in PARTS.items():
+        source = bench_dir / f"{part}.json"
+        if not source.is_file():
+            continue
+        start, end = f"<!-- figures:{part} -->", f"<!-- /figures:{part} -->"
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        if pattern.search(page) is None:
+            raise SystemExit(f"perf_page: the page has no {start} ... {end} region")
+        body = "\n".join(write(json.loads(source.read_text())))
+        found = pattern.search(page)
+        assert found is not None
+        page = f"{page[:found.start()]}{start}\n{body}\n{end}{page[found.end():]}"
+        done.append(part)
+    return page, done
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.perf_page")
+    parser.add_argument("--bench-dir", type=Path,
+                        default=Path(os.environ.get("WINDOWKIT_BENCH_DIR", "bench-out")))
+    parser.add_argument("--page", type=Path, default=PAGE)
+    args = parser.parse_args(argv)
+    page, done = render(args.page.read_text(), args.bench_dir)
+    if done:
+        tmp = args.page.with_suffix(".md.tmp")
+        tmp.write_text(page)
+        tmp.replace(args.page)
+    print(f"{args.page}: figures of {', '.join(done) or 'no part'} from {args.bench_dir}")
+
+
+if __name__ == "__main__":
+    main()

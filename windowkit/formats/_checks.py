@@ -1,0 +1,285 @@
+"""Per-block digests: every block a reader decodes is checked against what was written.
+
+At write time each storage block (``block_rows`` global rows, the unit every
+format decodes) gets two xxh3-64 digests of its decoded rows: one of the whole
+block, one of its *head* (its first ``span - 1`` rows, the halo the block
+before it is read with). The seed binds them to the store (its id, dtype, step
+shape, block rows and halo) and to the block's number, so a block of another
+store, a block moved elsewhere or rows read with another dtype never match.
+They are kept in ``data/_blocks.xxh3`` (little-endian uint64 pairs, one pair per
+block, listed in the manifest's files), read once when a reader first reads.
+
+:class:`CheckedReader` wraps every format's row reader (the formats' ``open_reader``
+return one): a read is widened to whole blocks (or a block plus the next one's
+head) and every block is checked before any of its rows is returned. On a
+mismatch the store guard is asked first: a replaced store is
+:class:`~windowkit.errors.StoreReplacedError`, anything else a ``StoreError``
+naming the file and block.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from windowkit.errors import StoreError
+from windowkit.formats.base import DataLayout, Piece, ReaderSetup, RowReader
+from windowkit.location import is_remote, read_ranges
+
+DIGEST_FILE = "_blocks.xxh3"  # in data/ ("_": Parquet dataset readers skip it)
+_MASK = (1 << 64) - 1
+
+#: Where a block lies (``"<file>: <unit>"``), for messages.
+Describe = Callable[[int], str]
+
+#: Private switch, for ``tests/benchmarks/benchmark.py`` alone (checks on vs. off).
+_CHECKS = True
+
+
+def digest_base(store_id: str, dtype: np.dtype, step_shape: tuple[int, ...],
+                block_rows: int, halo: int) -> int:
+    """The seed of block 0: the store id and the rows' layout, hashed."""
+    key = f"{store_id}|{np.dtype(dtype).str}|{tuple(step_shape)}|{block_rows}|{halo}"
+    return xxhash.xxh3_64_intdigest(key.encode())
+
+
+def _seeds(base: int, block: int) -> tuple[int, int]:
+    """The seeds of block ``block``'s whole-block and head digests."""
+    return (base + 2 * block) & _MASK, (base + 2 * block + 1) & _MASK
+
+
+class BlockDigester:
+    """Digests the blocks of one shard from its pieces, as they are written."""
+
+    def __init__(self, layout: DataLayout) -> None:
+        self._layout = layout
+        self._halo = layout.window.span - 1
+        self._base = digest_base(layout.store_id, layout.dtype, layout.step_shape,
+                                 layout.block_rows, self._halo)
+        self._block = -1
+        self._full: Any = None
+        self._head: Any = None
+        self._head_left = 0
+        self.digests: list[list[int]] = []
+
+    def wrap(self, pieces: Iterator[Piece]) -> Iterator[Piece]:
+        """``pieces`` unchanged, each digested on its way to the writer."""
+        for piece in pieces:
+            self.add(piece.global_start, piece.rows)
+            yield piece
+
+    def add(self, global_start: int, rows: np.ndarray) -> None:
+        """Rows following those added before (a new block may start with them)."""
+        size = self._layout.block_rows
+        data = np.ascontiguousarray(rows, dtype=self._layout.dtype)
+        while len(data):
+            block = global_start // size
+            if block != self._block:
+                self._close()
+                self._open(block)
+            take = min(len(data), (block + 1) * size - global_start)
+            part = data[:take]
+            self._full.update(part)
+            if self._head_left:
+                self._head.update(part[:self._head_left])
+                self._head_left -= min(self._head_left, take)
+            data, global_start = data[take:], global_start + take
+
+    def _open(self, block: int) -> None:
+        full, head = _seeds(self._base, block)
+        self._block = block
+        self._full, self._head = xxhash.xxh3_64(seed=full), xxhash.xxh3_64(seed=head)
+        rows = min(self._layout.block_rows,
+                   self._layout.total_rows - block * self._layout.block_rows)
+        self._head_left = min(self._halo, rows)
+
+    def _close(self) -> None:
+        if self._full is not None:
+            self.digests.append([self._full.intdigest(), self._head.intdigest()])
+            self._full = None
+
+    def summary(self) -> dict[str, Any]:
+        """What ``write_shard`` adds to its summary: the first block and the digests."""
+        first = self._block - len(self.digests)
+        self._close()
+        return {"first_block": first, "digests": self.digests}
+
+
+def write_digests(data_dir: Path, layout: DataLayout, shards: list[dict[str, Any]]) -> str:
+    """Write ``data/_blocks.xxh3`` from the shards' summaries (in shard order);
+    return its path in the store, for the manifest's ``data`` section."""
+    pairs = [pair for shard in shards for pair in shard["digests"]]
+    if len(pairs) != layout.num_blocks or (shards and shards[0]["first_block"] != 0):
+        raise StoreError(f"{data_dir}: the shards digested {len(pairs)} blocks, the store "
+                         f"has {layout.num_blocks}")
+    table = np.array(pairs, dtype=np.uint64).reshape(-1, 2).astype("<u8")
+    with open(data_dir / DIGEST_FILE, "wb") as out:
+        out.write(table.tobytes())
+        out.flush()
+        os.fsync(out.fileno())
+    return f"data/{DIGEST_FILE}"
+
+
+def ask_guard(setup: ReaderSetup) -> None:
+    """Ask the store guard, afresh, whether the store was replaced (it raises
+    ``StoreReplacedError`` if so): before any read failure is called corruption."""
+    setup.check_store(fresh=True)
+
+
+def refuse_link(path: Path) -> None:
+    """A local data file (and its directory) must not be a link: one line if it is."""
+    if is_remote(path):
+        return
+    for where in (path.parent, path):
+        try:
+            mode = os.lstat(where).st_mode
+        except OSError as exc:
+            raise StoreError(f"{where}: cannot read ({exc.strerror or exc})") from exc
+        if stat.S_ISLNK(mode):
+            raise StoreError(f"{where}: is a link; a store's files must be its own "
+                             "(refused, not followed)")
+
+
+def read_file(path: Path, limit: int) -> bytes:
+    """The bytes of a data file, at most ``limit`` (else one line): a local file
+    is opened without following a link."""
+    if is_remote(path):
+        try:
+            blob = read_ranges([path], [0], [limit + 1])[0]
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read ({exc})") from exc
+    else:
+        refuse_link(path)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot open ({exc.strerror or exc})") from exc
+        try:
+            blob = os.pread(fd, limit + 1, 0)
+        finally:
+            os.close(fd)
+    if len(blob) > limit:
+        raise StoreError(f"{path}: holds more than the {limit} bytes it can (refused)")
+    return blob
+
+
+class CheckedReader:
+    """A format's row reader whose every block is checked against its digest.
+
+    A read ``[start, stop)`` is widened to whole blocks, except a trailing
+    block's head (the halo a read of the block before ends with) when the read
+    ends exactly there; each block (or head) is digested and compared before
+    the rows are returned."""
+
+    def __init__(self, inner: Any, digests_path: Path, setup: ReaderSetup,
+                 describe: Describe | None = None) -> None:
+        self.inner = inner
+        self.block_rows = setup.block_rows
+        self._path = digests_path
+        self._setup = setup
+        self._halo = setup.span - 1
+        self._base = digest_base(setup.store_id, setup.dtype, setup.step_shape,
+                                 setup.block_rows, self._halo)
+        self._table: np.ndarray | None = None
+        self._describe = describe  # block -> "file: unit" for messages
+        if hasattr(inner, "read_many"):
+            self.read_many = self._read_many
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("read_many", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if hasattr(self.inner, "read_many"):
+            self.read_many = self._read_many
+
+    def __copy__(self) -> CheckedReader:
+        twin = object.__new__(CheckedReader)
+        twin.__setstate__({**self.__getstate__(), "inner": copy.copy(self.inner)})
+        return twin
+
+    @property
+    def table(self) -> np.ndarray:
+        """``[blocks, 2]`` uint64: each block's whole-block and head digests."""
+        if self._table is None:
+            blocks = -(-self._setup.total_rows // self.block_rows)
+            blob = read_file(self._path, 16 * blocks)
+            self._setup.check_store()  # after the read: the digests were this store's
+            if len(blob) != 16 * blocks:
+                raise StoreError(f"{self._path}: holds {len(blob)} bytes, expected "
+                                 f"{16 * blocks} (two digests for each of {blocks} blocks)")
+            self._table = np.frombuffer(blob, dtype="<u8").reshape(blocks, 2)
+        return self._table
+
+    def _widen(self, start: int, stop: int) -> tuple[int, int]:
+        """The range read for ``[start, stop)``: whole blocks, or whole blocks and
+        the next block's head."""
+        size, total = self.block_rows, self._setup.total_rows
+        if stop <= start:
+            return start, start
+        lo = start // size * size
+        last = stop // size
+        rows = min(size, total - last * size)
+        if stop == total or stop % size == 0 or stop - last * size == min(self._halo, rows):
+            return lo, stop
+        return lo, min(total, (last + 1) * size)
+
+    def _check(self, rows: np.ndarray, lo: int) -> None:
+        """Every block (or trailing head) in ``rows`` (from block-aligned row ``lo``)."""
+        size, table = self.block_rows, self.table
+        data = np.ascontiguousarray(rows, dtype=self._setup.dtype)
+        for at in range(0, len(data), size):
+            block = (lo + at) // size
+            part = data[at:at + size]
+            whole = len(part) == min(size, self._setup.total_rows - block * size)
+            full_seed, head_seed = _seeds(self._base, block)
+            found = xxhash.xxh3_64_intdigest(part.data, full_seed if whole else head_seed)
+            if found != int(table[block, 0 if whole else 1]):
+                self._mismatch(block, lo + at, lo + at + len(part), whole)
+
+    def _mismatch(self, block: int, start: int, stop: int, whole: bool) -> None:
+        ask_guard(self._setup)  # a replaced store says so, never "corrupt"
+        where = self._describe(block) if self._describe else str(self._path.parent)
+        what = "rows" if whole else "first rows"
+        raise StoreError(f"{where}: block {block} (rows {start}..{stop}): its decoded "
+                         f"{what} do not match the digest written with the store in "
+                         f"{self._path} (a file was changed, or belongs to another store "
+                         "or place)")
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        if not _CHECKS:
+            return np.asarray(self.inner.read_rows(start, stop))
+        lo, hi = self._widen(start, stop)
+        rows = np.asarray(self.inner.read_rows(lo, hi))
+        return self._checked(rows, lo, hi, start, stop)
+
+    def _checked(self, rows: np.ndarray, lo: int, hi: int, start: int, stop: int
+                 ) -> np.ndarray:
+        if len(rows) != hi - lo:
+            raise StoreError(f"{self._path.parent}: rows {lo}..{hi}: read {len(rows)} rows")
+        self._check(rows, lo)
+        out = rows[start - lo:stop - lo]
+        return out if out.flags.c_contiguous else np.ascontiguousarray(out)
+
+    def _read_many(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+        if not _CHECKS:
+            return list(self.inner.read_many(ranges))
+        wide = [self._widen(a, b) for a, b in ranges]
+        parts = self.inner.read_many(wide)
+        return [self._checked(np.asarray(rows), lo, hi, a, b)
+                for rows, (lo, hi), (a, b) in zip(parts, wide, ranges, strict=True)]
+
+
+def checked(inner: RowReader, data_dir: Path, data: dict[str, Any], setup: ReaderSetup,
+            describe: Describe | None = None) -> CheckedReader:
+    """``inner`` with every block it reads checked (see :class:`CheckedReader`)."""
+    return CheckedReader(inner, data_dir.parent / data["digests"], setup, describe)
