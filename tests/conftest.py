@@ -47,6 +47,19 @@ def oracle_windows(series: Sequence[np.ndarray], spec: wk.WindowSpec
     return x, (np.stack(ys) if ys else np.empty((0, H, *step), dtype=dtype))
 
 
+def oracle_windows_within(values: np.ndarray, spec: wk.WindowSpec,
+                          stretches: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The inputs of the windows of one series on its own stride grid (Keras'
+    windows of the whole series) that lie wholly inside one of ``stretches``
+    (row ranges): what splits, gaps and skipped rows leave."""
+    x, _ = oracle_windows([values], spec)
+    starts = np.arange(len(x), dtype=np.int64) * spec.stride
+    keep = np.zeros(len(x), dtype=bool)
+    for a, b in stretches:
+        keep |= (starts >= a) & (starts + spec.span <= b)
+    return x[keep]
+
+
 def window_keys(x: np.ndarray, y: np.ndarray | None = None) -> list[bytes]:
     """One bytes key per window (inputs and targets), to compare epochs as multisets."""
     flat = x.reshape(len(x), -1)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import windowkit as wk
-from tests.conftest import oracle_windows
+from tests.conftest import oracle_windows, oracle_windows_within
 from windowkit.cli import main
 
 
@@ -29,13 +29,13 @@ def _segments(times: np.ndarray, max_gap: int | None = None) -> list[tuple[int, 
 
 def _expected(frame: pd.DataFrame, spec: wk.WindowSpec, *, series: str | None, time: str | None,
               features: list[str], max_gap: int | None = None) -> np.ndarray:
-    """The oracle: each series split at its gaps, windows of each stretch."""
+    """The oracle: each series' windows on its stride grid, less those spanning a gap."""
     groups = [frame] if series is None else [g for _, g in frame.groupby(series, sort=False)]
     pieces = []
     for group in groups:
         values = group[features].to_numpy()
         if time is None:
-            pieces.append(values)
+            pieces.append(oracle_windows([values], spec)[0])
             continue
         stamps = group[time]
         if stamps.dtype.kind == "M":  # timestamps: nanoseconds in UTC
@@ -43,8 +43,8 @@ def _expected(frame: pd.DataFrame, spec: wk.WindowSpec, *, series: str | None, t
             times = stamps.to_numpy().astype("datetime64[ns]").astype(np.int64)
         else:
             times = stamps.to_numpy().astype(np.int64)
-        pieces += [values[a:b] for a, b in _segments(times, max_gap)]
-    return oracle_windows(pieces, spec)[0]
+        pieces.append(oracle_windows_within(values, spec, list(_segments(times, max_gap))))
+    return np.concatenate(pieces)
 
 
 def _all_windows(store: wk.Store) -> np.ndarray:

@@ -40,6 +40,17 @@ def window_starts(rows: int, spec: WindowSpec, *, first: int = 0,
     return np.arange(begin, max(begin, end), spec.stride, dtype=np.int64)
 
 
+def grid_start(row: int, stride: int) -> int:
+    """The first row at or after ``row`` on a series' stride grid (``k * stride``)."""
+    return -(-row // stride) * stride
+
+
+def grid_windows(lo: int, hi: int, spec: WindowSpec) -> int:
+    """How many windows on the series' stride grid lie wholly in its rows ``[lo, hi)``."""
+    aligned = grid_start(lo, spec.stride)
+    return spec.num_windows(hi - aligned) if hi > aligned else 0
+
+
 def stretches_without(stretches: list[tuple[int, int]], holes: np.ndarray
                       ) -> list[tuple[int, int]]:
     """The parts of row ranges ``stretches`` outside ``holes`` (``[k, 2]`` row
@@ -77,13 +88,15 @@ class IndexWriter:
         self.windows = 0
 
     def add_series(self, series_id: int, rows: int, *, first_row: int = 0) -> int:
-        """Append every window of ``rows`` rows of a series starting at its row
-        ``first_row`` (a whole series, or a gap-free stretch of one), in bounded
-        slices; return how many windows they hold."""
-        count = self._spec.num_windows(rows)
+        """Append every window on the series' stride grid (starts ``k * stride``)
+        that lies in its ``rows`` rows from row ``first_row`` (a whole series, or
+        a stretch of one), in bounded slices; return how many windows they hold."""
+        aligned = grid_start(first_row, self._spec.stride)
+        rows -= aligned - first_row
+        count = self._spec.num_windows(rows) if rows > 0 else 0
         for first in range(0, count, _INDEX_ROW_GROUP):
-            self.add(series_id, first_row + window_starts(rows, self._spec, first=first,
-                                                          limit=_INDEX_ROW_GROUP))
+            self.add(series_id, aligned + window_starts(rows, self._spec, first=first,
+                                                        limit=_INDEX_ROW_GROUP))
         return count
 
     def add(self, series_id: int, starts: np.ndarray) -> None:
@@ -136,14 +149,13 @@ class IndexLimits:
     """What every entry of one split's index table must satisfy: a window of
     ``span`` rows of a series the store has, inside the rows ``[first, end)`` of
     its series that the split's windows may lie in, of the spec's ``length``,
-    its start on the stride's grid counted from ``first`` (when ``grid``)."""
+    its start on the series' stride grid (a multiple of ``stride``)."""
 
     series_rows: np.ndarray  # int64 [series]
     first: np.ndarray | None = None  # int64 [series] (None: 0)
     end: np.ndarray | None = None  # int64 [series] (None: the series' rows)
     span: int = 1
     length: int | None = None  # the ``length`` column's value (None: unchecked)
-    grid: bool = False
     stride: int = 1
 
     def check(self, path: Path, row: int, series: np.ndarray, start: np.ndarray,
@@ -164,9 +176,9 @@ class IndexLimits:
             ((start < first) | (start + self.span > end), "reaches outside the rows "
              "{first}..{end} of its series that the split's windows lie in"),
         ]
-        if self.grid and self.stride > 1:
-            checks.append(((start - first) % self.stride != 0,
-                           "is not on the stride's grid from row {first}"))
+        if self.stride > 1:
+            checks.append((start % self.stride != 0,
+                           f"is not on its series' grid of stride {self.stride}"))
         if length is not None and self.length is not None:
             checks.append((length != self.length, "has length {length}, the store's "
                            f"windows have {self.length}"))

@@ -227,14 +227,12 @@ class Store:
 
     def index_limits(self, split: str) -> IndexLimits:
         """What each entry of ``split``'s index table must satisfy (see
-        :class:`windowkit.index.IndexLimits`): on the stride's grid from the
-        split's first row unless time gaps or missing values cut the rows."""
-        m = self.manifest
+        :class:`windowkit.index.IndexLimits`): inside the split's rows, on the
+        series' stride grid."""
         first, end = self.split_rows(split)
-        cut = bool(m.series.get("time_column") or m.series.get("missing_rows"))
         return IndexLimits(self.series_table.column("rows").to_numpy().astype(np.int64),
                            first=first, end=end, span=self.spec.span, length=self.spec.length,
-                           grid=not cut, stride=self.spec.stride)
+                           stride=self.spec.stride)
 
     def runs(self, split: str = "train") -> WindowRuns:
         """The split's windows in compact form (memory grows with series, not windows),

@@ -18,7 +18,7 @@ from windowkit.conversion._plan import StorePlan
 from windowkit.conversion._shards import ShardResult, merged_stats
 from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import ConvertOptions
-from windowkit.index import IndexWriter, stretches_without
+from windowkit.index import IndexWriter, grid_windows, stretches_without
 from windowkit.manifest import STATIC_PREFIX, FileEntry, Manifest
 from windowkit.sources import Series, StagedSeries
 from windowkit.splits import history_rows
@@ -72,8 +72,8 @@ def _index_series(writer: IndexWriter, summary: IndexSummary, plan: StorePlan, s
     valid = stretches_without(gap_free, missing[first:last] - offset)
     got = sum(writer.add_series(sid, b - a, first_row=a) for a, b in valid)
     summary.windows_per_series[sid] += got
-    without_gaps = sum(spec.num_windows(b - a) for a, b in gap_free)
-    summary.gap_skipped += spec.num_windows(hi - lo) - without_gaps
+    without_gaps = sum(grid_windows(a, b, spec) for a, b in gap_free)
+    summary.gap_skipped += grid_windows(lo, hi, spec) - without_gaps
     summary.nan_skipped += without_gaps - got
 
 
