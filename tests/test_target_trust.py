@@ -1,7 +1,9 @@
 """Conversion targets trust nothing (issue 28): ``--overwrite`` deletes only a
 valid store's own, unchanged files; the workspace is never inside the target;
 a manifest that would not open is never published; a remote store being
-replaced says so; a stale S3 lock is taken over by one conditional write."""
+replaced keeps opening and reading as the old one until the new manifest is
+written (the new one under a generation folder); a stale S3 lock is taken
+over by one conditional write."""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ from tests.test_remote import _series, mirror_cache  # noqa: F401 (a fixture)
 from tests.test_safety import SPEC, _convert, _sources
 from windowkit.cli import main
 from windowkit.conversion import _pipeline, _remote
+from windowkit.errors import carried_error
 from windowkit.location import resolve
+from windowkit.verify import verify_store
 
 FORGED = {"format_version": 2, "files": [{"path": "thesis.txt"}]}
 
@@ -214,15 +218,118 @@ def test_a_remote_manifest_that_would_not_open_is_not_published(
     assert not fsspec.filesystem("s3").exists(f"{_s3(url)}/windowkit.json")
 
 
-def test_a_remote_store_being_replaced_says_so_then_opens_as_the_new_one(
+def _epoch(dataset: Any) -> np.ndarray:
+    """Every batch of one epoch of a Keras reader, in order."""
+    return np.concatenate([dataset[i] for i in range(len(dataset))])
+
+
+def _tf_epoch(dataset: Any) -> np.ndarray:
+    """One epoch of a ``tf.data`` reader, its errors as windowkit's."""
+    try:
+        return np.concatenate([batch.numpy() for batch in dataset])
+    except Exception as exc:
+        raise carried_error(exc) or exc from None
+
+
+def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
         s3_bucket: str, fmt: str, mirror_cache: Path,  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Paused just before the new manifest is written: opening names the
-    replacement (never "corrupt"); after it, the new store reads its windows,
-    and the old store's objects the new one lacks are gone."""
+    """Paused after the new store is uploaded, just before its manifest is
+    written: a reader of the old store reads exactly the old windows, and
+    opening gives the old store. After the swap the old reader says the store
+    was replaced, a new open reads exactly the new windows, and only the new
+    store's objects remain (under its generation folder)."""
+    from windowkit import manifest as manifest_module
+
     url = f"{s3_bucket}/s"
     old, new = _series([300, 200]), _series([250], seed=1)
+    spec = wk.WindowSpec(8)
+    old_windows, new_windows = oracle_windows(old, spec)[0], oracle_windows(new, spec)[0]
+    first = wk.convert(old, url, format=fmt, window=8, block_rows=64)
+    assert first.manifest.root == ""  # a first conversion: today's layout
+    reader = wk.open_store(url).keras_dataset("train", batch_size=64, shuffle=False)
+    graph = wk.open_store(url).tf_dataset("train", batch_size=64, shuffle=False)
+    commit = _remote.commit
+    paused: list[wk.Store] = []
+
+    def paused_commit(*args: Any) -> None:
+        np.testing.assert_array_equal(_epoch(reader), old_windows)
+        reader.on_epoch_end()
+        np.testing.assert_array_equal(_tf_epoch(graph), old_windows)
+        opened = wk.open_store(url)
+        np.testing.assert_array_equal(opened.windows("train", np.arange(len(old_windows))),
+                                      old_windows)
+        paused.append(opened)
+        commit(*args)
+
+    monkeypatch.setattr(_remote, "commit", paused_commit)
+    store = wk.convert(new, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    assert len(paused) == 1 and paused[0].manifest.store_id == first.manifest.store_id
+    assert store.manifest.root == f"g-{store.manifest.store_id[:16]}"
+    monkeypatch.setattr(manifest_module, "REMOTE_CHECK_SECONDS", 0.0)
+    for stale in (reader, paused[0].keras_dataset("train", batch_size=64, shuffle=False)):
+        with pytest.raises(wk.StoreReplacedError, match="replaced while it was being read"):
+            _epoch(stale)
+    with pytest.raises(wk.StoreReplacedError, match="replaced while it was being read"):
+        _tf_epoch(graph)
+    np.testing.assert_array_equal(_epoch(wk.open_store(url).keras_dataset(
+        "train", batch_size=64, shuffle=False)), new_windows)
+    listed = {f"{_s3(url)}/{store.manifest.root}/{e.path}" for e in store.manifest.files}
+    assert set(fsspec.filesystem("s3").find(_s3(s3_bucket))) == listed | {
+        f"{_s3(url)}/windowkit.json"}
+    monkeypatch.setattr(_remote, "commit", commit)  # the same store again: another folder
+    again = wk.convert(old, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    assert again.manifest.root == f"g-{first.manifest.store_id[:16]}"
+    same = wk.convert(old, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    assert same.manifest.root == f"g-{first.manifest.store_id[16:]}"  # never its own folder
+    np.testing.assert_array_equal(same.windows("train", np.arange(len(old_windows))),
+                                  old_windows)
+    assert all(key.startswith(f"{_s3(url)}/{same.manifest.root}/")
+               for key in fsspec.filesystem("s3").find(_s3(s3_bucket))
+               if not key.endswith("/windowkit.json"))
+
+
+@pytest.mark.parametrize("killed", ["before the swap", "after the swap"])
+def test_an_interrupted_replacement_keeps_a_store_and_the_same_command_finishes_it(
+        s3_bucket: str, fmt: str, mirror_cache: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, killed: str) -> None:
+    """A replacement killed before its manifest leaves the old store opening and
+    reading; one killed after it, the new store. Either way the same command
+    again publishes the new store and leaves only its objects."""
+    url = f"{s3_bucket}/s"
+    old, new = _series([300, 200]), _series([250], seed=1)
+    spec = wk.WindowSpec(8)
     wk.convert(old, url, format=fmt, window=8, block_rows=64)
+    commit = _remote.commit
+
+    def interrupted(*args: Any) -> None:
+        if killed == "after the swap":
+            commit(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_remote, "commit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        wk.convert(new, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    monkeypatch.setattr(_remote, "commit", commit)
+    now = old if killed == "before the swap" else new
+    expected = oracle_windows(now, spec)[0]
+    np.testing.assert_array_equal(
+        wk.open_store(url).windows("train", np.arange(len(expected))), expected)
+    store = wk.convert(new, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    expected = oracle_windows(new, spec)[0]
+    np.testing.assert_array_equal(store.windows("train", np.arange(len(expected))), expected)
+    listed = {f"{_s3(url)}/{key}" for key in store.manifest.file_keys()}
+    assert set(fsspec.filesystem("s3").find(_s3(s3_bucket))) == listed | {
+        f"{_s3(url)}/windowkit.json"}
+    assert verify_store(url) == []
+
+
+def test_a_first_remote_store_being_published_says_so(
+        s3_bucket: str, fmt: str, mirror_cache: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paused before the manifest of a first conversion: opening says a
+    conversion is publishing the store (never "corrupt"); then it opens."""
+    url = f"{s3_bucket}/s"
     commit = _remote.commit
     seen: list[str] = []
 
@@ -233,13 +340,23 @@ def test_a_remote_store_being_replaced_says_so_then_opens_as_the_new_one(
         commit(*args)
 
     monkeypatch.setattr(_remote, "commit", paused_commit)
-    store = wk.convert(new, url, format=fmt, window=8, block_rows=64, overwrite=True)
-    assert len(seen) == 1 and "being replaced" in seen[0], seen
-    expected = oracle_windows(new, wk.WindowSpec(8))[0]
-    np.testing.assert_array_equal(store.windows("train", np.arange(len(expected))), expected)
-    listed = {f"{_s3(url)}/{e.path}" for e in store.manifest.files} | {
-        f"{_s3(url)}/windowkit.json"}
-    assert set(fsspec.filesystem("s3").find(_s3(s3_bucket))) == listed
+    store = wk.convert(_series([300]), url, format=fmt, window=8, block_rows=64)
+    assert len(seen) == 1 and "a conversion is publishing one here" in seen[0], seen
+    assert store.manifest.root == "" and store.num_windows("train") > 0
+
+
+def test_a_manifest_root_must_be_one_folder_of_the_store(tmp_path: Path, sources: list[Path],
+                                                          fmt: str) -> None:
+    """A local store keeps its layout (no ``root`` in its manifest); a ``root``
+    that is not one plain folder name is refused when opening."""
+    store = _convert(sources, tmp_path / "s", fmt)
+    path = store.path / "windowkit.json"
+    raw = json.loads(path.read_text())
+    assert "root" not in raw and store.root == store.path
+    for bad in ("..", "../other", "a/b", "/abs", ".hidden"):
+        path.write_text(json.dumps({**raw, "root": bad}))
+        with pytest.raises(wk.StoreError, match="root"):
+            wk.open_store(store.path)
 
 
 # -- the S3 lock --------------------------------------------------------------------------

@@ -48,6 +48,8 @@ from windowkit.location import as_url_path, is_remote, remote_errors
 from windowkit.spec import WindowSpec
 
 MANIFEST_NAME = "windowkit.json"
+#: ``root``: the folder of the store (one path segment) its files live under, or "".
+GENERATION_PATTERN = r"^(|[A-Za-z0-9][A-Za-z0-9_-]{0,63})$"
 FORMAT_VERSION = 3
 CHECKSUM = "sha256"
 MAX_MANIFEST_BYTES = 256 << 20
@@ -81,7 +83,7 @@ def file_digest(path: Path, on_bytes: Callable[[int], object] | None = None) -> 
 
 
 class FileEntry(Strict):
-    """One file of the store, relative to the store root."""
+    """One file of the store, relative to its root folder (``Manifest.root``)."""
 
     path: StorePath
     bytes: Count
@@ -148,6 +150,7 @@ class _Manifest(Strict):
     options: dict[str, Any]
     source_fingerprint: Sha256
     files: list[FileEntry]
+    root: str = Field(default="", pattern=GENERATION_PATTERN)
 
     @model_validator(mode="after")
     def _consistent(self) -> _Manifest:
@@ -253,13 +256,28 @@ class Manifest:
     static_columns: list[str] | None = None  # one value per series (series.parquet)
     static_statistics: dict[str, Any] | None = None  # of the training series' values
     format_version: int = FORMAT_VERSION
+    #: The folder under the store (one segment) that every path above is relative
+    #: to: a replaced store on object storage writes its files under a new one
+    #: (its *generation*), the manifest at the store's root last. "": the store's root.
+    root: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["window"] = self.window.to_dict()
         out["step_shape"] = list(self.step_shape)
         out["files"] = [entry.model_dump() for entry in self.files]
+        if not self.root:  # today's layout: the manifest as before
+            del out["root"]
         return out
+
+    def data_root(self, store: Path) -> Path:
+        """Where the files of the store at ``store`` are (its ``root`` folder)."""
+        return store / self.root if self.root else store
+
+    def file_keys(self) -> list[str]:
+        """Each listed file's path relative to the store's root (``root`` included)."""
+        return [f"{self.root}/{entry.path}" if self.root else entry.path
+                for entry in self.files]
 
     @classmethod
     def parse(cls, raw: bytes, where: str) -> Manifest:
@@ -300,7 +318,7 @@ class Manifest:
             series=model.series.model_dump(exclude_unset=True), data=data.model_dump(),
             normalization=model.normalization.model_dump() if model.normalization else None,
             options=model.options, source_fingerprint=model.source_fingerprint,
-            store_id=model.store_id, files=list(model.files))
+            store_id=model.store_id, files=list(model.files), root=model.root)
 
     def write(self, root: Path) -> None:
         """Write the manifest durably (temporary file, fsync, rename)."""
@@ -317,7 +335,7 @@ class Manifest:
     def read(cls, root: Path) -> Manifest:
         """The validated manifest of the store at ``root``; its files must not be links."""
         manifest = cls.parse(read_manifest_bytes(root), str(root / MANIFEST_NAME))
-        refuse_links(root, [entry.path for entry in manifest.files])
+        refuse_links(root, manifest.file_keys())
         return manifest
 
 
@@ -349,8 +367,8 @@ def _read_remote_manifest(root: Path) -> bytes:
             size = int(path.stat().st_size)
         except FileNotFoundError:
             if (root / ".windowkit-incomplete").exists():  # conversion._remote.INCOMPLETE
-                raise StoreError(f"{root}: not a windowkit store at the moment: the store is "
-                                 "being replaced (a conversion is publishing it); open it "
+                raise StoreError(f"{root}: not a windowkit store yet: a conversion is "
+                                 "publishing one here (its manifest comes last); open it "
                                  "again when it finishes, or if none runs, run that convert "
                                  "again") from None
             raise StoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME}; check "
@@ -403,7 +421,8 @@ class StoreGuard:
     manifest's store id must still be the one the reader started with. On
     object storage the identity is the manifest object's ETag, and asking for
     it is a request: it is asked at most every ``REMOTE_CHECK_SECONDS`` (a
-    remote store is replaced object by object anyway, the manifest last).
+    replacing store's objects go under other keys, the old ones are deleted
+    only after the new manifest is written).
     Pickles as path and id; a new process checks the id on first use.
     """
 

@@ -66,6 +66,7 @@ class Store:
                 f"{self.path}: the store was replaced while it was being read (opened as "
                 f"store id {expected_id[:12]}, now {self.manifest.store_id[:12]}); "
                 "open it again")
+        self.root = self.manifest.data_root(self.path)  # where its files are
         self.guard = StoreGuard(self.path, self.manifest.store_id)
         self._lock = threading.Lock()
         self._runs: dict[str, WindowRuns] = {}
@@ -126,9 +127,9 @@ class Store:
         table = self.series_table
         missing = [n for n in names if STATIC_PREFIX + n not in table.column_names]
         if missing:
-            raise StoreError(f"{self.path / 'series.parquet'}: no column "
+            raise StoreError(f"{self.root / 'series.parquet'}: no column "
                              f"{STATIC_PREFIX + missing[0]!r} for static feature {missing[0]!r}")
-        where = self.path / "series.parquet"
+        where = self.root / "series.parquet"
         try:
             values = np.column_stack([table.column(STATIC_PREFIX + n).to_numpy()
                                       .astype(np.float64) for n in names])
@@ -160,7 +161,7 @@ class Store:
         """``series.parquet`` as a pyarrow Table (one row per series), checked:
         its columns and types, one row per series in order, rows and offsets
         adding up to the store's rows, each split's row ranges inside its series."""
-        path = self.path / "series.parquet"
+        path = self.root / "series.parquet"
         count = self.manifest.series["count"]
         try:
             handle = open_parquet(path, page_checksum_verification=True)
@@ -219,7 +220,7 @@ class Store:
         """The split's window index table as an ``[n, 3]`` int64 array
         ``(series, start, length)``, each entry checked (:meth:`runs`). This loads
         one entry per window."""
-        path = self.path / self._split(split)["index"]
+        path = self.root / self._split(split)["index"]
         self.runs(split)
         parts = [np.column_stack([b.column(i).to_numpy() for i in range(3)]).astype(np.int64)
                  for b in iter_index(path)]
@@ -241,7 +242,7 @@ class Store:
             if split not in self._runs:
                 table = self.series_table
                 self._runs[split] = WindowRuns.from_index(
-                    self.path / self._split(split)["index"], stride=self.spec.stride,
+                    self.root / self._split(split)["index"], stride=self.spec.stride,
                     row_offset=table.column("row_offset").to_numpy().astype(np.int64),
                     limits=self.index_limits(split))
                 self.guard.check()
@@ -258,7 +259,7 @@ class Store:
     def rows(self) -> StoreRows:
         """The store's rows and how to read them (what every reader starts from)."""
         m = self.manifest
-        return StoreRows(path=self.path, format=m.format, spec=self.spec, dtype=self.dtype,
+        return StoreRows(path=self.root, format=m.format, spec=self.spec, dtype=self.dtype,
                          step_shape=self.step_shape, total_rows=m.total_rows,
                          block_rows=m.block_rows, data=m.data, store_id=m.store_id,
                          statistics=m.normalization, target_index=self.target_index,

@@ -57,7 +57,7 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False, fast: 
 def _check_files(root: Path, manifest: Manifest, progress: bool) -> list[str]:
     """Every listed file present with its size and checksum, and no other file."""
     problems: list[str] = []
-    listed = {entry.path: entry for entry in manifest.files}
+    listed = dict(zip(manifest.file_keys(), manifest.files, strict=True))  # by key under root
     present = set()
     for relative, is_link in _walk(root):
         if is_link:
@@ -90,9 +90,10 @@ def _check_tables(root: Path, manifest: Manifest, *, progress: bool, decode: boo
     any storage block."""
     from windowkit.store import Store
 
-    rows = get_format(manifest.format).stored_rows(root, manifest.data)
+    data_root = manifest.data_root(root)
+    rows = get_format(manifest.format).stored_rows(data_root, manifest.data)
     if rows != manifest.total_rows:
-        raise StoreError(f"{root / 'data'}: holds {rows} rows, manifest says "
+        raise StoreError(f"{data_root / 'data'}: holds {rows} rows, manifest says "
                          f"{manifest.total_rows}")
     store = Store(root)  # already resolved: keeps its storage options
     for split in store.splits:

@@ -19,14 +19,16 @@ objects it writes or replaces, so an interrupted publish is recognised and
 replaced by the next run of the same command, and a forged marker names
 nothing it could delete.
 
-Replacing keeps today's layout (the same keys as the old store's): the old
-manifest is deleted first, the new objects uploaded, the new manifest written
-last, then the old objects the new store lacks are deleted. Meanwhile opening
-the target says the store is being replaced (the marker is there). A store
-that keeps opening *and reading* its old objects until the swap needs the new
-objects under other keys (a generation prefix in every path the manifest
-lists); readers find ``series.parquet`` and ``data/`` at fixed places, so that
-is a change of the readers, not done here.
+Replacing a store writes the new one first and swaps by the manifest: its
+files go under a new *generation* folder of the target, ``g-<16 hex digits of
+its store id>`` (the next 16 if the old store already uses that name), which
+its manifest names as ``root``; the new manifest, written last over the old
+one, is the swap. Until then the old store opens and reads its own objects,
+untouched; after it, its readers get :class:`~windowkit.StoreReplacedError`
+and the old objects (those the old manifest or marker lists, at the size and
+SHA-256 checked above) are deleted. A first conversion to an empty prefix (or
+the re-run of an interrupted first one) writes today's layout, the files at
+the target's root, as a local store always does.
 
 A lock object beside the target makes a second conversion to the same target
 fail at once. On S3 it is created with a conditional write (If-None-Match);
@@ -48,7 +50,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +97,19 @@ class Replaced:
     with the entry (size, SHA-256) it was checked against, and whether a
     manifest object is there."""
 
-    entries: list[FileEntry] = field(default_factory=list)
+    entries: list[FileEntry] = field(default_factory=list)  # paths: keys under the target
     manifest: bool = False
+    root: str = ""  # the old manifest's root (its generation folder)
+
+
+def generation(store_id: str, replaced: Replaced) -> str:
+    """The folder the new store's files go under: "" (the target's root) when
+    no store is there, else a generation named by the store id, never the
+    replaced store's own."""
+    if not replaced.manifest:
+        return ""
+    first = f"g-{store_id[:16]}"
+    return first if first != replaced.root else f"g-{store_id[16:]}"
 
 
 def check_remote_location(target: AnyPath) -> None:
@@ -117,11 +130,14 @@ def _refused(target: AnyPath, problem: str) -> StoreExistsError:
                             f"{problem}; nothing was changed")
 
 
-def _recorded(target: AnyPath, present: dict[str, int]) -> dict[str, list[FileEntry]]:
+def _recorded(target: AnyPath, present: dict[str, int]
+              ) -> tuple[dict[str, list[FileEntry]], str]:
     """The versions (size, SHA-256) of each object windowkit wrote under
-    ``target``: those its valid manifest lists and, during an interrupted
-    publish, those its incomplete marker lists (the old store's and the new)."""
+    ``target``, by key: those its valid manifest lists and, during an
+    interrupted publish, those its incomplete marker lists (the old store's and
+    the new); and the manifest's root."""
     recorded: dict[str, list[FileEntry]] = {}
+    root = ""
     if INCOMPLETE in present:
         try:
             marker = json.loads((target / INCOMPLETE).read_bytes())
@@ -138,9 +154,10 @@ def _recorded(target: AnyPath, present: dict[str, int]) -> dict[str, list[FileEn
             reason = str(exc).removeprefix(f"{target}/{MANIFEST_NAME}: ")
             raise _refused(target, f"its {MANIFEST_NAME} does not open as one ({reason})"
                            ) from None
-        for entry in manifest.files:
-            recorded.setdefault(entry.path, []).append(entry)
-    return recorded
+        root = manifest.root
+        for key, entry in zip(manifest.file_keys(), manifest.files, strict=True):
+            recorded.setdefault(key, []).append(entry.model_copy(update={"path": key}))
+    return recorded, root
 
 
 def _digest(target: AnyPath, name: str) -> str:
@@ -158,7 +175,7 @@ def check_remote_target(target: AnyPath, *, overwrite: bool) -> Replaced:
     if not present:
         return Replaced()
     with remote_errors(target):
-        recorded = _recorded(target, present)
+        recorded, root = _recorded(target, present)
     if not recorded and MANIFEST_NAME not in present:
         raise StoreExistsError(f"{target}: holds {sorted(present)[0]!r} and no windowkit "
                                "manifest; a conversion writes only to an empty prefix or "
@@ -179,7 +196,7 @@ def check_remote_target(target: AnyPath, *, overwrite: bool) -> Replaced:
         if not match:
             raise _refused(target, f"{name!r} was changed since windowkit wrote it")
         entries.append(match[0])
-    return Replaced(entries, MANIFEST_NAME in present)
+    return Replaced(entries, MANIFEST_NAME in present, root)
 
 
 # -- the lock -----------------------------------------------------------------------------
@@ -313,20 +330,32 @@ def _release_lock(fs: Any, lock: str, token: str) -> None:
 
 
 # -- publishing ---------------------------------------------------------------------------
-def commit(fs: Any, manifest: Path, remote: str) -> None:
-    """Upload the manifest: from now on the target opens as the new store."""
-    fs.put_file(str(manifest), remote)
+def commit(fs: Any, manifest: bytes, remote: str) -> None:
+    """Write the manifest: from now on the target opens as the new store (the swap)."""
+    fs.pipe_file(remote, manifest)
+
+
+def _published_manifest(local: Path, replaced: Replaced) -> tuple[Manifest, bytes]:
+    """The manifest of the local mirror as published: under its generation
+    folder when it replaces a store, validated again with the open-time rules."""
+    where = str(local / MANIFEST_NAME)
+    manifest = Manifest.parse((local / MANIFEST_NAME).read_bytes(), where)
+    manifest = replace(manifest, root=generation(manifest.store_id, replaced))
+    raw = (json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+    return Manifest.parse(raw, where), raw
 
 
 def upload_store(local: Path, target: AnyPath, *, replaced: Replaced) -> None:
     """Publish: the shard objects of the workspace prefix and the files of the
-    local mirror ``local`` under ``target``, the manifest last; then delete the
-    ``replaced`` objects the new store does not have, and the workspace."""
+    local mirror ``local`` under ``target`` (under a new generation folder when
+    a store is there), the manifest last; then delete the ``replaced`` objects
+    the new store does not have, and the workspace."""
     url = as_url_path(target)
     prefix = url.path.rstrip("/")
     workspace = as_url_path(workspace_prefix(target)).path.rstrip("/")
-    manifest = Manifest.parse((local / MANIFEST_NAME).read_bytes(), str(local / MANIFEST_NAME))
+    manifest, raw = _published_manifest(local, replaced)
     files = [entry.path for entry in manifest.files]
+    keys = dict(zip(files, manifest.file_keys(), strict=True))
     local_files = [name for name in files if (local / name).is_file()]
     uploaded = list_objects(workspace_prefix(target))
     sizes = {entry.path: entry.bytes for entry in manifest.files}
@@ -336,17 +365,16 @@ def upload_store(local: Path, target: AnyPath, *, replaced: Replaced) -> None:
         raise StoreError(f"{target}: the uploaded shard file {lost[0]!r} is missing or "
                          f"changed in {url.protocol}://{workspace}; run the conversion again")
     # what this publish writes or replaces, each version: a rerun may replace exactly that
+    written = [entry.model_copy(update={"path": keys[entry.path]}) for entry in manifest.files]
     marker = {"store_id": manifest.store_id,
-              "files": [e.model_dump() for e in [*manifest.files, *replaced.entries]]}
+              "files": [e.model_dump() for e in [*written, *replaced.entries]]}
     with remote_errors(target):
         url.fs.pipe_file(f"{prefix}/{INCOMPLETE}", json.dumps(marker).encode())
-        if replaced.manifest:  # the old store stops opening before its files change
-            url.fs.rm_file(f"{prefix}/{MANIFEST_NAME}")
         url.fs.copy([f"{workspace}/{name}" for name in shard_files],
-                    [f"{prefix}/{name}" for name in shard_files])
-        upload_files(local, local_files, target)
-        commit(url.fs, local / MANIFEST_NAME, f"{prefix}/{MANIFEST_NAME}")
-        stale = sorted({entry.path for entry in replaced.entries} - set(files))
+                    [f"{prefix}/{keys[name]}" for name in shard_files])
+        upload_files(local, local_files, target / manifest.root if manifest.root else target)
+        commit(url.fs, raw, f"{prefix}/{MANIFEST_NAME}")
+        stale = sorted({entry.path for entry in replaced.entries} - set(keys.values()))
         if stale:
             url.fs.rm([f"{prefix}/{name}" for name in stale])
         url.fs.rm_file(f"{prefix}/{INCOMPLETE}")

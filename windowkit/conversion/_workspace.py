@@ -134,7 +134,8 @@ def _foreign_content(directory: Path) -> str | None:
         entries = sorted(os.listdir(directory))
         more = f" and {len(entries) - 1} more entries" if len(entries) > 1 else ""
         return f"it holds {entries[0]!r}{more} and no windowkit manifest"
-    sizes = {entry.path: entry.bytes for entry in manifest.files}
+    sizes = {key: entry.bytes for key, entry in zip(manifest.file_keys(), manifest.files,
+                                                     strict=True)}
     for relative, is_link in walk_files(directory):
         if relative == MANIFEST_NAME:
             continue
@@ -203,9 +204,9 @@ def _remove_store(directory: Path, out: Path) -> None:
         manifest = Manifest.read(directory)
     except StoreError:
         manifest = None
-    entries = manifest.files if manifest is not None else []
-    for entry in entries:
-        path = directory / entry.path
+    entries = zip(manifest.file_keys(), manifest.files, strict=True) if manifest else []
+    for key, entry in entries:
+        path = directory / key
         with contextlib.suppress(FileNotFoundError):
             info = os.lstat(path)
             if (stat.S_ISREG(info.st_mode) and info.st_size == entry.bytes

@@ -128,7 +128,8 @@ class WindowPyDataset(keras.utils.PyDataset):
     def _epoch_order(self, local: _Local) -> EpochOrder:
         epoch, current = self._epoch, self._current
         if current is None or current[0] != epoch:
-            current = (epoch, local.order.epoch(epoch))
+            self.plan.guard.check()  # a new epoch of a replaced store: an error, even
+            current = (epoch, local.order.epoch(epoch))  # from blocks in the cache
             self._current = current
         return current[1]
 

@@ -31,7 +31,7 @@ from windowkit.stats import Normalizer
 class StoreRows:
     """A store's rows and how to read them and cut windows from them (any split)."""
 
-    path: Path  # the store: for messages, and the format's own files
+    path: Path  # where the store's files are (Manifest.data_root): the format's files
     format: str
     spec: WindowSpec
     dtype: np.dtype
