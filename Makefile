@@ -7,7 +7,7 @@ DEMO   := demo
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test test-slow lint typecheck docs bench bench-memory bench-csv bench-remote fixtures clean
+.PHONY: install demo test test-slow lint typecheck docs bench bench-memory bench-csv bench-remote bench-vs fixtures clean
 
 install: $(STAMP)
 
@@ -61,6 +61,11 @@ bench-csv: $(STAMP)
 
 bench-remote: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.remote --latency-ms 20
+
+# this tree against an earlier release, side by side in one run: make bench-vs BASE=<git ref>
+bench-vs: $(STAMP)
+	@test -n "$(BASE)" || { echo "make bench-vs needs BASE=<git ref of the earlier release>"; exit 2; }
+	$(BIN)/python -m tests.benchmarks.vs_release $(BASE)
 
 fixtures: $(STAMP)
 	$(BIN)/python fixtures/make_fixtures.py
