@@ -101,12 +101,18 @@ def test_existing_target_is_refused_then_overwritten(npy_dir: Path, fmt: str) ->
     assert sorted(p.name for p in npy_dir.iterdir() if p.name.startswith(".")) == []
 
 
-def test_inspect_names_a_missing_store(tmp_path: Path) -> None:
-    result = run("inspect", tmp_path / "nothing")
-    assert result.exit_code == 2 and "no such store" in result.output
+@pytest.mark.parametrize("command", ["inspect", "verify", "bench"])
+def test_a_path_that_is_no_store_is_one_line(tmp_path: Path, command: str) -> None:
+    """A missing store, a file, a directory without a manifest: a user error (exit 2,
+    one line), never a damaged store (verify's exit 1) nor an OS error."""
     (tmp_path / "empty").mkdir()
-    result = run("inspect", tmp_path / "empty")
-    assert result.exit_code == 2 and "not a windowkit store (no windowkit.json)" in result.output
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    for path, message in ((tmp_path / "nothing", "no such store"),
+                          (tmp_path / "data.csv", "is a file, not a windowkit store"),
+                          (tmp_path / "empty", "not a windowkit store (no windowkit.json)")):
+        result = run(command, path)
+        assert result.exit_code == 2, (command, path, result.output)
+        assert result.output.count("\n") == 1 and message in result.output, result.output
 
 
 @pytest.mark.parametrize("reader", ["tf", "keras"])

@@ -9,6 +9,7 @@ from windowkit.conversion import convert
 from windowkit.errors import (
     DiskSpaceError,
     InvalidSpecError,
+    NotAStoreError,
     SourceError,
     SourceNotFoundError,
     StoreError,
@@ -25,6 +26,7 @@ __all__ = [
     "FORMAT_NAMES",
     "DiskSpaceError",
     "InvalidSpecError",
+    "NotAStoreError",
     "SourceError",
     "SourceNotFoundError",
     "Store",

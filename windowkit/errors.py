@@ -58,6 +58,10 @@ class StoreError(WindowkitError, OSError):
     """A store is missing, incomplete, corrupt or cannot be written."""
 
 
+class NotAStoreError(StoreError, FileNotFoundError):
+    """Nothing at the path is a windowkit store (missing, a file, or no manifest)."""
+
+
 class StoreExistsError(StoreError, FileExistsError):
     """The conversion target exists and may not be replaced."""
 

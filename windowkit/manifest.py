@@ -42,7 +42,7 @@ from windowkit._schema import (
     Strict,
     describe_error,
 )
-from windowkit.errors import StoreError, StoreReplacedError
+from windowkit.errors import NotAStoreError, StoreError, StoreReplacedError
 from windowkit.formats import FORMATS
 from windowkit.location import as_url_path, is_remote, remote_errors
 from windowkit.spec import WindowSpec
@@ -345,11 +345,14 @@ def read_manifest_bytes(root: Path) -> bytes:
     if is_remote(root):
         return _read_remote_manifest(root)
     if not root.exists():
-        raise StoreError(f"{root}: no such store")
+        raise NotAStoreError(f"{root}: no such store")
+    if not root.is_dir():
+        raise NotAStoreError(f"{root}: is a file, not a windowkit store (a store is a "
+                             "directory that windowkit convert writes)")
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        raise StoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME})") from None
+        raise NotAStoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME})") from None
     if not stat.S_ISREG(info.st_mode):
         raise StoreError(f"{path}: is not a regular file (a link or a directory)")
     if info.st_size > MAX_MANIFEST_BYTES:
@@ -371,8 +374,8 @@ def _read_remote_manifest(root: Path) -> bytes:
                                  "publishing one here (its manifest comes last); open it "
                                  "again when it finishes, or if none runs, run that convert "
                                  "again") from None
-            raise StoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME}; check "
-                             "the bucket and the prefix)") from None
+            raise NotAStoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME}; check "
+                                 "the bucket and the prefix)") from None
         if size > MAX_MANIFEST_BYTES:
             raise StoreError(f"{path}: {size} bytes, larger than any manifest")
         return path.read_bytes()

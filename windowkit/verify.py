@@ -19,7 +19,7 @@ from typing import Any
 
 from windowkit._progress import progress_bar
 from windowkit.conversion import walk_files
-from windowkit.errors import StoreError, WindowkitError
+from windowkit.errors import NotAStoreError, StoreError, WindowkitError
 from windowkit.formats import get_format
 from windowkit.location import is_remote, list_objects, resolve
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
@@ -41,6 +41,8 @@ def verify_store(path: str | os.PathLike[str], *, progress: bool = False, fast: 
     root = resolve(path, storage_options)
     try:
         manifest = Manifest.read(root)
+    except NotAStoreError:
+        raise  # nothing to verify: a user error, not a damaged store
     except WindowkitError as exc:
         return [str(exc)]
     problems = _check_files(root, manifest, progress)
