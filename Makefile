@@ -4,10 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.windowkit-installed
 DEMO   := demo
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test test-slow lint typecheck docs bench bench-memory bench-csv bench-remote bench-vs fixtures clean
+.PHONY: install demo test test-slow lint typecheck docs bench bench-memory bench-csv bench-convergence bench-remote bench-vs fixtures clean
 
 install: $(STAMP)
 
@@ -57,6 +56,11 @@ bench-memory: $(STAMP)
 
 bench-csv: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark csv
+	$(BIN)/python -m tests.benchmarks.perf_page
+
+# validation loss of one model trained on each input order (docs/shuffling.md#convergence)
+bench-convergence: $(STAMP)
+	$(BIN)/python -m tests.benchmarks.convergence
 	$(BIN)/python -m tests.benchmarks.perf_page
 
 bench-remote: $(STAMP)

@@ -179,7 +179,6 @@ def test_bench_mixing_is_what_the_readers_batches_hold(tmp_path: Path, fmt: str,
     (["--batches", "0"], "batches must be >= 1, got 0"),
     (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
     (["--split", "val"], "split 'val' is not in store"),
-    (["--batch-size", "4096"], "too few to time after 5 warm-up batches"),
 ])
 def test_bench_bad_arguments_are_one_line(npy_dir: Path, args: list[str], message: str) -> None:
     out = npy_dir / "store"

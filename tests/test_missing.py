@@ -116,7 +116,7 @@ def test_statistics_leave_out_rows_with_missing_values(tmp_path: Path, fmt: str)
 def test_missing_values_are_refused_by_default(tmp_path: Path, kind: str) -> None:
     frame = _stations()
     with pytest.raises(wk.SourceError, match=r"series 'alpine', row 10, column 'temp' is "
-                                             r"missing.*--nan skip") as caught:
+                                             r"missing.*nan=.skip.") as caught:
         wk.convert(_source(frame, kind, tmp_path), tmp_path / "s", format="zarr", window=SPEC,
                    series_col="station", time_col="time")
     assert "\n" not in str(caught.value)

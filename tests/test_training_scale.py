@@ -79,15 +79,16 @@ def test_keras_global_shuffle_is_a_permutation(store: wk.Store) -> None:
     assert np.mean([len(np.unique(b)) for b in series]) > 4  # 6 series, uniformly mixed
 
 
-def test_global_shuffle_refuses_rows_beyond_its_budget(store: wk.Store) -> None:
-    with pytest.raises(wk.InvalidSpecError, match=r"holds the rows of split 'train' in "
-                       r"memory, .* more than memory_budget=1000"):
-        store.tf_dataset("train", 32, shuffle="global", memory_budget=1000)
-    with pytest.raises(wk.InvalidSpecError, match="memory_budget"):
-        store.keras_dataset("train", 32, shuffle="global", memory_budget=1000)
+def test_global_shuffle_beyond_its_budget_reads_every_window_once(store: wk.Store) -> None:
+    """Rows beyond memory_budget are spilled to local disk, not refused."""
+    x, _ = collect_epoch(store.tf_dataset("train", 32, shuffle="global", memory_budget=1000))
+    np.testing.assert_array_equal(_sorted(x), _sorted(_every_window(store)))
+    ds = store.keras_dataset("train", 32, shuffle="global", memory_budget=1000)
+    epoch = np.concatenate([ds[i][0] for i in range(len(ds))])
+    np.testing.assert_array_equal(_sorted(epoch), _sorted(_every_window(store)))
 
 
-@pytest.mark.parametrize("value", ["yes", "blocks", 2, None, "GLOBAL"])
+@pytest.mark.parametrize("value", ["yes", "block", 2, None, "GLOBAL"])
 def test_shuffle_takes_only_its_documented_values(store: wk.Store, value: object) -> None:
     with pytest.raises(wk.InvalidSpecError, match="shuffle must be True"):
         store.tf_dataset("train", 32, shuffle=value)  # type: ignore[arg-type]
@@ -107,11 +108,16 @@ def test_shards_are_disjoint_cover_the_split_and_are_balanced(store: wk.Store,
     np.testing.assert_array_equal(_sorted(np.concatenate(parts)), _sorted(everything))
     even = len(everything) / 3  # each shard within one block's windows of an even share
     assert all(abs(len(p) - even) <= per_block.max() for p in parts), [len(p) for p in parts]
-    for i, part in enumerate(parts):  # shard i's windows start in its own blocks only
+    keras_parts = []
+    for i in range(3):
         keras = store.keras_dataset("train", 16, shuffle=shuffle, seed=3, num_shards=3,
                                     shard_index=i)
-        np.testing.assert_array_equal(
-            _sorted(np.concatenate([keras[b][0] for b in range(len(keras))])), _sorted(part))
+        keras_parts.append(np.concatenate([keras[b][0] for b in range(len(keras))]))
+    if shuffle is False:  # block shards: shard i's windows start in its own blocks only
+        for part, keras_part in zip(parts, keras_parts, strict=True):
+            np.testing.assert_array_equal(_sorted(keras_part), _sorted(part))
+    else:  # uniform (this split fits the budget): each epoch's permutation dealt out
+        np.testing.assert_array_equal(_sorted(np.concatenate(keras_parts)), _sorted(everything))
 
 
 def test_a_shard_reads_only_its_own_blocks(tmp_path: Path) -> None:
@@ -123,10 +129,12 @@ def test_a_shard_reads_only_its_own_blocks(tmp_path: Path) -> None:
     blob = bytearray(last.read_bytes())
     blob[-20] ^= 0xFF
     last.write_bytes(bytes(blob))
-    first, _ = collect_epoch(store.tf_dataset("train", 16, num_shards=2, shard_index=0))
+    first, _ = collect_epoch(store.tf_dataset("train", 16, shuffle="blocks", num_shards=2,
+                                              shard_index=0))
     assert len(first) > 0
     with pytest.raises(Exception, match=r"CRC|crc|checksum"):
-        collect_epoch(store.tf_dataset("train", 16, num_shards=2, shard_index=1))
+        collect_epoch(store.tf_dataset("train", 16, shuffle="blocks", num_shards=2,
+                                       shard_index=1))
 
 
 def test_bad_shard_arguments_are_one_line(store: wk.Store) -> None:
@@ -135,7 +143,9 @@ def test_bad_shard_arguments_are_one_line(store: wk.Store) -> None:
     with pytest.raises(wk.InvalidSpecError, match="go together"):
         store.keras_dataset("train", 16, num_shards=2)
     with pytest.raises(wk.InvalidSpecError, match="too few for 1000 shards"):
-        store.tf_dataset("train", 16, num_shards=1000, shard_index=999)
+        store.tf_dataset("train", 16, shuffle="blocks", num_shards=1000, shard_index=999)
+    with pytest.raises(wk.InvalidSpecError, match="too few for 100000 shards"):
+        store.tf_dataset("train", 16, num_shards=100_000, shard_index=9)
     import tensorflow as tf
 
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
@@ -152,7 +162,7 @@ _MIRRORED = textwrap.dedent("""
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     store = wk.open_store(sys.argv[1])
-    shuffle = {"blocks": True, "global": "global"}[sys.argv[2]]
+    shuffle = {"blocks": "blocks", "global": "global"}[sys.argv[2]]
     dist = strategy.distribute_datasets_from_function(
         lambda ctx: store.tf_dataset("train", 32, shuffle=shuffle, seed=4, input_context=ctx))
     seen = []
@@ -186,7 +196,7 @@ _MULTI_WORKER = textwrap.dedent("""
     import json, os, sys
     import numpy as np, tensorflow as tf, windowkit as wk
     store_path, mode, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    shuffle = {"blocks": True, "global": "global"}[mode]
+    shuffle = {"blocks": "blocks", "global": "global"}[mode]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     store = wk.open_store(store_path)
     dist = strategy.distribute_datasets_from_function(
@@ -263,8 +273,10 @@ _RESUME = textwrap.dedent("""
     import json, sys
     import numpy as np, tensorflow as tf, windowkit as wk
     store_path, mode, ckpt, skip = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    shuffle = {"blocks": True, "global": "global"}[mode]
-    ds = wk.open_store(store_path).tf_dataset("train", 16, shuffle=shuffle, seed=7).repeat(2)
+    shuffle = {"blocks": "blocks", "global": "global", "spilled": "global"}[mode]
+    budget = 2048 if mode == "spilled" else None  # rows spilled to local disk
+    ds = wk.open_store(store_path).tf_dataset("train", 16, shuffle=shuffle, seed=7,
+                                               memory_budget=budget).repeat(2)
     it = iter(ds)
     checkpoint = tf.train.Checkpoint(iterator=it)
     if skip >= 0:  # read `skip` batches, save, stop
@@ -278,7 +290,7 @@ _RESUME = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mode", ["blocks", "global"])
+@pytest.mark.parametrize("mode", ["blocks", "global", "spilled"])
 def test_an_iterator_resumes_in_a_new_process(tmp_path: Path, fmt: str, mode: str) -> None:
     """Saved after k batches (in the second epoch), restored in a new process: the
     same batches as an uninterrupted run; the checkpoint holds positions, not

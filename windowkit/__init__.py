@@ -4,6 +4,9 @@ Store every row once, store windows as an index table ``(series, start,
 length)``, resolve windows in vectorized batches at read time.
 """
 
+# first: before anything imports TensorFlow, keep its C++ start-up lines off stderr
+# unless the user set TF_CPP_MIN_LOG_LEVEL (windowkit._quiet)
+import windowkit._quiet  # noqa: F401  (isort: skip)
 from windowkit._version import __version__
 from windowkit.conversion import convert
 from windowkit.errors import (

@@ -45,6 +45,9 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "rows": m.total_rows,
         "splits": {name: m.splits[name]["windows"] for name in order},
         "split_context": m.options.get("split_context", "none"),
+        # the times of the split's earliest window's first row (first target under the
+        # history context) and its latest window's last row, recorded at conversion
+        # from the index entries and the series' times
         "split_times": {name: [_time(m.splits[name].get(k), unit)
                                for k in ("first_time", "last_time")]
                         for name in order if m.splits[name].get("first_time") is not None},
@@ -97,12 +100,12 @@ def render(summary: dict[str, Any]) -> str:
         ("series", f"{summary['series']} ({summary['too_short_series']} too short for a window)"),
         ("rows", f"{summary['rows']:,}"),
         *([("time column", str(summary["time_column"]))] if summary["time_column"] else []),
-        *([("split context", "history (val/test inputs may come from earlier rows; the "
+        *([("split context", "history (val/test inputs may come from earlier rows; their "
                              "times are the targets')")]
           if summary["split_context"] == "history" else []),
         *[(f"windows [{name}]", f"{count:,}" + (
             f"  (times {summary['split_times'][name][0]}..{summary['split_times'][name][1]})"
-            if name in summary["split_times"] else ""))
+            if name in summary["split_times"] else "" if count else "  (none: nothing to read)"))
           for name, count in summary["splits"].items()],
         *([("windows skipped", f"{summary['gap_skipped_windows']:,} (they span a time gap)")]
           if summary["gap_skipped_windows"] else []),

@@ -19,10 +19,10 @@ from windowkit.location import open_parquet, resolve
 from windowkit.manifest import STATIC_PREFIX, Manifest, StoreGuard
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
-    DEFAULT_MEMORY_BUDGET,
     ReadPlan,
     StoreRows,
     WindowGather,
+    check_budget,
     check_shuffle,
 )
 from windowkit.spec import WindowSpec
@@ -267,7 +267,11 @@ class Store:
                          static_statistics=m.static_statistics, guard=self.guard)
 
     def read_plan(self, split: str = "train") -> ReadPlan:
-        """What a reader needs to read ``split``: the rows and the split's windows."""
+        """What a reader needs to read ``split``: the rows and the split's windows
+        (a split holding none is an error: a reader would yield nothing)."""
+        if self.num_windows(split) == 0:
+            raise InvalidSpecError(f"split {split!r} of store {self.path} holds no windows, "
+                                   "so there is nothing to read (see windowkit inspect)")
         return ReadPlan(**{f.name: getattr(self.rows, f.name) for f in fields(StoreRows)},
                         split=split, runs=self.runs(split))
 
@@ -301,47 +305,67 @@ class Store:
                               targets=self.target_index,
                               norm=self.rows.normalizer() if normalize else None)
 
-    def _shard_plan(self, split: str, num_shards: int | None, shard_index: int | None
+    def _shard_plan(self, split: str, num_shards: int | None, shard_index: int | None,
+                    *, shuffle: bool | str = True, memory_budget: int | None = None,
+                    cache_bytes: int | None = None, shuffle_blocks: int | None = None
                     ) -> ReadPlan:
+        """The plan of ``split``, or of one shard: its share of each epoch's
+        uniform permutation when the reader shuffles uniformly, else its own
+        storage blocks."""
         plan = self.read_plan(split)
         if num_shards is None and shard_index is None:
             return plan
         if num_shards is None or shard_index is None:
             raise InvalidSpecError("num_shards and shard_index go together")
+        from windowkit.readers._global import choose_shuffle
+
+        if choose_shuffle(plan, shuffle, memory_budget=memory_budget, cache_bytes=cache_bytes,
+                          shuffle_blocks=shuffle_blocks).uniform:
+            return plan.dealt_shard(num_shards, shard_index)
         return plan.sharded(num_shards, shard_index)
 
     def tf_dataset(self, split: str = "train", batch_size: int = 256, *,
                    shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
-                   normalize: bool = False, shuffle_blocks: int | None = None,
-                   cache_bytes: int = DEFAULT_CACHE_BYTES,
-                   memory_budget: int = DEFAULT_MEMORY_BUDGET, num_shards: int | None = None,
-                   shard_index: int | None = None, input_context: Any = None,
-                   device: str | None = None, service: str | None = None,
-                   return_series: bool = False) -> tf.data.Dataset:
+                   normalize: bool = False, memory_budget: int | None = None,
+                   spill_dir: str | os.PathLike[str] | None = None,
+                   num_shards: int | None = None, shard_index: int | None = None,
+                   input_context: Any = None, device: str | None = None,
+                   service: str | None = None, return_series: bool = False,
+                   shuffle_blocks: int | None = None, cache_bytes: int | None = None
+                   ) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of batches of windows: ``x``, or ``(x, y)`` with a horizon.
 
         Every window of the split comes once per epoch; each iteration of the
         dataset is a new epoch, the sequence of epochs fixed by ``seed``.
-        ``shuffle``: ``True`` permutes the blocks, and the windows of
-        ``shuffle_blocks`` blocks together (default: what ``cache_bytes``
-        holds), in bounded memory; ``"global"`` makes each epoch a uniform
-        permutation of the split's windows, cut from its rows held in memory
-        (at most ``memory_budget`` bytes); ``False`` keeps index order.
-        ``num_shards``/``shard_index`` read one shard of the split (disjoint
-        runs of storage blocks); ``input_context`` (a ``tf.distribute.InputContext``)
-        picks the shard and turns the global ``batch_size`` into the replica's.
+        ``shuffle``: ``True`` (default) mixes as well as ``memory_budget``
+        allows: each epoch a uniform permutation of the split's windows when
+        its rows fit the budget (held once, in memory), else block groups as
+        large as the budget holds; ``"global"``: a uniform permutation at any
+        size, the rows beyond the budget spilled once to a private file on
+        local disk (``spill_dir``, default ``$WINDOWKIT_SPILL_DIR`` or the
+        temporary directory) and read by random access; ``"blocks"``: block
+        groups; ``False``: index order. ``memory_budget`` defaults to a
+        quarter of the available memory (at most 16 GiB).
+        ``num_shards``/``shard_index`` read one shard of the split (uniform:
+        every ``num_shards``-th window of each epoch's permutation; block
+        groups: disjoint runs of storage blocks); ``input_context`` (a
+        ``tf.distribute.InputContext``) picks the shard and turns the global
+        ``batch_size`` into the replica's.
         ``device`` (e.g. ``"/GPU:0"``) prefetches batches into that device's
         memory. An iterator saves and restores with ``tf.train.Checkpoint``.
         ``service`` (a tf.data dispatcher's address, TFRecord stores): the
         split's files are read by the service's workers, each file by one
         worker per epoch, windows mixed in a buffer of ``cache_bytes``.
+        Experts: ``shuffle_blocks`` (blocks per group) and ``cache_bytes``
+        (bytes of blocks held) size block groups apart from the budget.
         With known-future or static columns in the store, or ``return_series``,
         ``x`` is a dict ``{"inputs", "future_known", "static", "series"}`` (the
         keys configured).
         """
         check_int("batch_size", batch_size, 1)
         mode = check_shuffle(shuffle)
-        check_int("memory_budget", memory_budget, 1)
+        memory_budget = check_budget("memory_budget", memory_budget)
+        cache_bytes = check_budget("cache_bytes", cache_bytes)
         if shuffle_blocks is not None:
             check_int("shuffle_blocks", shuffle_blocks, 1)
         if input_context is not None:
@@ -353,32 +377,40 @@ class Store:
                 batch_size = int(input_context.get_per_replica_batch_size(batch_size))
             except ValueError as exc:  # not divisible by the replicas
                 raise InvalidSpecError(f"batch_size: {exc}") from None
-        plan = self._shard_plan(split, num_shards, shard_index)
+        plan = self._shard_plan(split, num_shards, shard_index, shuffle=mode,
+                                memory_budget=memory_budget, cache_bytes=cache_bytes,
+                                shuffle_blocks=shuffle_blocks)
         from windowkit.readers.tf import tf_dataset
 
         return tf_dataset(plan, batch_size=batch_size, shuffle=mode, seed=seed,
                           drop_remainder=drop_remainder, normalize=normalize,
                           shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes,
-                          memory_budget=memory_budget, device=device, service=service,
-                          return_series=return_series)
+                          memory_budget=memory_budget, spill_dir=spill_dir, device=device,
+                          service=service, return_series=return_series)
 
     def keras_dataset(self, split: str = "train", batch_size: int = 256, *,
                       shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
                       normalize: bool = False, workers: int = 1,
                       use_multiprocessing: bool = False, max_queue_size: int = 10,
-                      cache_bytes: int = DEFAULT_CACHE_BYTES,
-                      memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                      memory_budget: int | None = None,
+                      spill_dir: str | os.PathLike[str] | None = None,
                       num_shards: int | None = None, shard_index: int | None = None,
-                      return_series: bool = False) -> WindowPyDataset:
+                      return_series: bool = False, cache_bytes: int | None = None
+                      ) -> WindowPyDataset:
         """A ``keras.utils.PyDataset`` of batches of windows, a
         :class:`windowkit.readers.keras.WindowPyDataset` (see that module);
-        ``shuffle``, ``memory_budget``, the shard arguments and
-        ``return_series`` as for :meth:`tf_dataset`."""
+        ``shuffle``, ``memory_budget``, ``spill_dir``, the shard arguments,
+        ``return_series`` and ``cache_bytes`` as for :meth:`tf_dataset`."""
         from windowkit.readers.keras import WindowPyDataset
 
-        return WindowPyDataset(self._shard_plan(split, num_shards, shard_index), batch_size,
-                               shuffle=check_shuffle(shuffle), seed=seed,
+        mode = check_shuffle(shuffle)
+        memory_budget = check_budget("memory_budget", memory_budget)
+        cache_bytes = check_budget("cache_bytes", cache_bytes)
+        plan = self._shard_plan(split, num_shards, shard_index, shuffle=mode,
+                                memory_budget=memory_budget, cache_bytes=cache_bytes)
+        return WindowPyDataset(plan, batch_size, shuffle=mode, seed=seed,
                                drop_remainder=drop_remainder, normalize=normalize,
                                workers=workers, use_multiprocessing=use_multiprocessing,
                                max_queue_size=max_queue_size, cache_bytes=cache_bytes,
-                               memory_budget=memory_budget, return_series=return_series)
+                               memory_budget=memory_budget, return_series=return_series,
+                               spill_dir=spill_dir)

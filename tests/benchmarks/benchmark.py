@@ -82,12 +82,31 @@ def child_convert(source: str, out: str, fmt: str, workers: str = "1") -> dict[s
             "imported_tensorflow": "tensorflow" in sys.modules}
 
 
-def child_windowkit(store_path: str, batches: str, shuffle: str = "blocks") -> dict[str, Any]:
+def child_convert_plain(source: str, out: str, fmt: str) -> dict[str, Any]:
+    """Convert with ``compression="none"``."""
+    import windowkit as wk
+
+    start = time.perf_counter()
+    wk.convert(source, out, format=fmt, window=LENGTH, overwrite=True, compression="none")
+    return {"seconds": time.perf_counter() - start}
+
+
+def child_beyond_epoch(store_path: str, mode: str) -> dict[str, Any]:
+    from tests.benchmarks.beyond_memory import child_epoch
+
+    return child_epoch(store_path, mode)
+
+
+def _shuffle_arg(mode: str) -> bool | str:
+    """A bench mode name as ``shuffle=``: ``default`` is ``True``."""
+    return True if mode == "default" else mode
+
+
+def child_windowkit(store_path: str, batches: str, shuffle: str = "default") -> dict[str, Any]:
     import windowkit as wk
 
     store = wk.open_store(store_path)
-    ds = store.tf_dataset("train", BATCH, shuffle=True if shuffle == "blocks" else shuffle,
-                          seed=0)
+    ds = store.tf_dataset("train", BATCH, shuffle=_shuffle_arg(shuffle), seed=0)
     windows, seconds = _time_batches(ds, None if batches == "epoch" else int(batches))
     return {"windows_s": windows / seconds, "windows": windows, "seconds": seconds,
             "peak_rss_mb": peak_rss_mb()}
@@ -205,8 +224,8 @@ def child_shard(store_path: str, num_shards: str, shard_index: str, shuffle: str
     store = wk.open_store(store_path)
     io = psutil.Process().io_counters
     before, start = io().read_chars, time.perf_counter()
-    ds = store.tf_dataset("train", BATCH, shuffle=True if shuffle == "blocks" else shuffle,
-                          seed=0, num_shards=int(num_shards), shard_index=int(shard_index))
+    ds = store.tf_dataset("train", BATCH, shuffle=_shuffle_arg(shuffle), seed=0,
+                          num_shards=int(num_shards), shard_index=int(shard_index))
     windows = sum(int(b.shape[0]) for b in ds)
     seconds = time.perf_counter() - start
     return {"windows": windows, "seconds": seconds, "windows_s": windows / seconds,
@@ -303,6 +322,7 @@ def child_convert_csv(source: str, out: str, fmt: str) -> dict[str, Any]:
 
 CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "convert": child_convert, "convert_csv": child_convert_csv, "windowkit": child_windowkit,
+    "convert_plain": child_convert_plain, "beyond_epoch": child_beyond_epoch,
     "keras": child_keras, "materialized": child_materialized, "tf_import": child_tf_import,
     "permuted": child_permuted, "mixing": child_mixing, "shard": child_shard,
     "parts": child_parts, "forecast_convert": child_forecast_convert,

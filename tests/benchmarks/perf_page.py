@@ -6,7 +6,11 @@ between ``<!-- figures:PART -->`` and ``<!-- /figures:PART -->``; this script
 rewrites the regions whose part has figures and leaves the rest of the page
 (the prose around them, and parts not measured in this run) as it is.
 
-    python -m tests.benchmarks.perf_page [--bench-dir DIR] [--page docs/performance.md]
+A few parts belong on another page of ``docs/`` (``PART_PAGES``, e.g. the
+convergence curves of ``make bench-convergence`` on ``docs/shuffling.md``);
+``--docs`` names the directory those pages are in.
+
+    python -m tests.benchmarks.perf_page [--bench-dir DIR] [--page PAGE.md] [--docs DIR]
 """
 
 from __future__ import annotations
@@ -19,9 +23,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+PAGE = DOCS / "performance.md"
 FORMAT_NAMES = {"tfrecord": "TFRecord", "zarr": "Zarr", "parquet": "Parquet"}
 MODES = {"global": "global", "blocks": "block groups"}
+CONVERGENCE_MODES = {  # the input pipelines of tests/benchmarks/convergence.py: tag, what
+    "materialized": ("(a)", "every window materialized in memory, permuted uniformly each epoch"),
+    "reordered": ("(a')", "as (a), another permutation seed: the noise between two uniform "
+                  "orders"),
+    "default": ("(b)", "`shuffle=True` (the default)"),
+    "global": ("(c)", "`shuffle=\"global\"`, `memory_budget` a quarter of the split's rows"),
+    "none": ("(d)", "`shuffle=False`"),
+}
 X, DASH = "\u00d7", "\u2013"  # the page's multiplication sign and en dash
 
 
@@ -192,16 +205,62 @@ def csv(fig: dict[str, Any]) -> list[str]:
     return lines
 
 
+def convergence(fig: dict[str, Any]) -> list[str]:
+    """Final validation losses per input pipeline and task, and the curves."""
+    tasks = fig["tasks"]
+    rows = []
+    for mode, (tag, label) in CONVERGENCE_MODES.items():
+        cells = [[f"{t['final'][mode]:.4f}", f"{t['ratio'][mode]:.3f}{X}" if t["ratio"] else ""]
+                 if mode in t["final"] else ["", ""] for t in tasks.values()]
+        rows.append([f"{tag} {label}", *(c for pair in cells for c in pair)])
+    header = ["input pipeline", *(h for name in tasks
+                                  for h in (f"{name}: final val MSE", "vs (a)"))]
+    lines = [_when(fig, "make bench-convergence"), "", *_table(header, rows), ""]
+    for name, t in tasks.items():
+        what = (f"{t['window']} steps in, the next {t['horizon']} out" if t["horizon"]
+                else f"windows of {t['window']} steps, the target the window reversed")
+        spread = ", ".join(f"{CONVERGENCE_MODES[m][0]} {v:.1%}"
+                           for m, v in t["spread"].items())
+        lines.append(f"- `{name}`: {t['title']}: {t['source']}; {t['series']} series {X} "
+                     f"{t['features']} feature{'s' if t['features'] > 1 else ''}, {what}; "
+                     f"{_n(t['train_windows'])} training windows, "
+                     f"{_n(t['val_windows'])} validation windows; {t['steps'][-1]} steps of "
+                     f"batch {t['batch']}, Adam {t['learning_rate']:g} (cosine decay); "
+                     f"{_fmt(t['format'])} store. Spread of the final loss over seeds "
+                     f"(standard deviation / mean): {spread}.")
+    lines += ["", f"Every run evaluates every {fig['eval_every']} steps; its final loss is the "
+              f"mean of its last {fig['final_evaluations']} evaluations, averaged over "
+              f"{fig['seeds']} seeds (a seed fixes the initial weights and the reader's "
+              f"order). The whole run took {fig['seconds']:.0f} s.", ""]
+    same = [name for name, t in tasks.items()
+            if {"default", "global"} <= set(t["curves"])
+            and t["curves"]["default"] == t["curves"]["global"]]
+    if same:
+        lines += [f"In {' and '.join(f'`{n}`' for n in same)}, (b) and (c) give the same "
+                  "curves: the split fits the default budget, so `shuffle=True` is the same "
+                  "uniform permutation (same seed) as (c), gathered from rows held in memory "
+                  "where (c) reads each batch's windows by random access from local disk.",
+                  ""]
+    for name, t in tasks.items():
+        lines += [f"![validation loss, {name}]({t['image']})", ""]
+    return lines[:-1]
+
+
 PARTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "throughput": throughput, "shuffling": shuffling, "sharding": sharding,
-    "forecasting": forecasting, "memory": memory, "csv": csv,
+    "forecasting": forecasting, "memory": memory, "csv": csv, "convergence": convergence,
 }
+PART_PAGES = {"convergence": "shuffling.md"}  # parts whose region is on another page
 
 
-def render(page: str, bench_dir: Path) -> tuple[str, list[str]]:
-    """The page with each measured part's region rewritten, and the parts rewritten."""
+def render(page: str, bench_dir: Path, parts: list[str] | None = None
+           ) -> tuple[str, list[str]]:
+    """The page with each measured part's region rewritten, and the parts
+    rewritten; ``parts``: those of the page (default: those of ``--page``)."""
     done = []
     for part, write in PARTS.items():
+        if part not in (parts if parts is not None else set(PARTS) - set(PART_PAGES)):
+            continue
         source = bench_dir / f"{part}.json"
         if not source.is_file():
             continue
@@ -222,13 +281,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bench-dir", type=Path,
                         default=Path(os.environ.get("WINDOWKIT_BENCH_DIR", "bench-out")))
     parser.add_argument("--page", type=Path, default=PAGE)
+    parser.add_argument("--docs", type=Path, default=DOCS,
+                        help="the directory of the pages in PART_PAGES")
     args = parser.parse_args(argv)
-    page, done = render(args.page.read_text(), args.bench_dir)
-    if done:
-        tmp = args.page.with_suffix(".md.tmp")
-        tmp.write_text(page)
-        tmp.replace(args.page)
-    print(f"{args.page}: figures of {', '.join(done) or 'no part'} from {args.bench_dir}")
+    pages = {args.page: None, **{args.docs / name: [p for p, n in PART_PAGES.items() if n == name]
+                                 for name in set(PART_PAGES.values())}}
+    for path, parts in pages.items():
+        if parts is not None and not any((args.bench_dir / f"{p}.json").is_file()
+                                         for p in parts):
+            continue  # nothing measured for that page: leave it unread
+        page, done = render(path.read_text(), args.bench_dir, parts)
+        if done:
+            tmp = path.with_suffix(".md.tmp")
+            tmp.write_text(page)
+            tmp.replace(path)
+        print(f"{path}: figures of {', '.join(done) or 'no part'} from {args.bench_dir}")
 
 
 if __name__ == "__main__":

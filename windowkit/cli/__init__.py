@@ -5,7 +5,6 @@ stderr and exit status 2."""
 from __future__ import annotations
 
 import logging
-import os
 
 import click
 
@@ -22,8 +21,9 @@ from windowkit.cli._verify import verify
 def main() -> None:
     """Convert time series into window stores; inspect, verify and benchmark them."""
     # TensorFlow's C++ start-up lines (CUDA probing, CPU features) are noise here;
-    # its real errors reach Python as exceptions
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # its real errors reach Python as exceptions: importing windowkit (above, the
+    # commands' modules) keeps them off stderr unless the user set
+    # TF_CPP_MIN_LOG_LEVEL (windowkit._quiet)
     messages = logging.getLogger("windowkit")  # e.g. "resuming an interrupted conversion"
     if not messages.handlers:
         handler = logging.StreamHandler()  # stderr

@@ -15,13 +15,16 @@ from windowkit.cli._common import one_line_errors
 @click.option("--batch-size", type=int, default=256, show_default=True, help="Windows per batch.")
 @click.option("--reader", type=click.Choice(["tf", "keras"]), default="tf", show_default=True,
               help="tf: Store.tf_dataset; keras: Store.keras_dataset.")
-@click.option("--shuffle", type=click.Choice(["blocks", "global", "none"]), default="blocks",
+@click.option("--shuffle", type=click.Choice(["default", "global", "blocks", "none"]),
+              default="default",
               show_default=True,
-              help="The reader's shuffle: blocks (shuffle=True), global, none (False).")
+              help="The reader's shuffle: default (shuffle=True: uniform when the split "
+                   "fits the memory budget, else block groups), global, blocks, none (False).")
 @click.option("--batches", type=int, default=None,
-              help="Batches to time after the warm-up [default: the rest of one epoch].")
+              help="Batches to time after the warm-up; more than an epoch holds runs more "
+                   "epochs [default: the rest of one epoch].")
 @click.option("--warmup", type=int, default=5, show_default=True,
-              help="Batches read before timing starts.")
+              help="Batches read before timing starts (at most a quarter of an epoch).")
 @click.option("--baseline", is_flag=True,
               help="Also time every window materialized in memory, shuffle(10000).batch(B).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
@@ -32,7 +35,10 @@ from windowkit.cli._common import one_line_errors
 def bench(store_path: str, split: str, batch_size: int, reader: str, shuffle: str,
           batches: int | None,
           warmup: int, baseline: bool, plot_path: str | None, as_json: bool, seed: int) -> None:
-    """Measure how fast STORE's reader delivers windows, and where the time goes."""
+    """Measure how fast STORE's reader delivers windows, and where the time goes.
+
+    Any store: plain or dict batches (known-future, static parts), any size
+    (a small split gets fewer warm-up batches, and bench says so)."""
     from windowkit.bench import plot, render, run_bench
     from windowkit.store import open_store
 

@@ -31,6 +31,9 @@ from windowkit.formats import FORMAT_NAMES
                    "(e.g. %Y/%m/%d, '%d.%m.%Y %H:%M'); ISO times need none.")
 @click.option("--columns", default=None,
               help="Table sources: feature columns, comma-separated [default: all others].")
+@click.option("--dtype", default=None, metavar="DTYPE",
+              help="Table sources: store the values as DTYPE (float32, float64, int32, ...), "
+                   "checked: a value that overflows is an error [default: the columns' own].")
 @click.option("--target-columns", default=None,
               help="Columns the targets y hold, comma-separated (needs --horizon) "
                    "[default: all].")
@@ -90,9 +93,11 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
             split_at: str | None, split_context: str, nan: str, target_columns: str | None,
             known_columns: str | None, static_columns: str | None,
-            sort_memory: int, time_format: str | None) -> None:
-    """Convert SOURCES into a store: .npy files or globs (one series each), or one
-    CSV or Parquet table (long form with --series-col, or one wide series).
+            sort_memory: int, time_format: str | None, dtype: str | None) -> None:
+    """Convert SOURCES into a store: .npy files or globs (one series each), or a
+    table (long form with --series-col, or one wide series): a CSV or Parquet
+    file, several (files, globs), or a directory of Parquet parts (hive-style
+    partitions such as sensor=a/ become columns), read in path order as one.
 
     Running the same command again after an interruption resumes it. SIGINT
     (Ctrl-C) and SIGTERM stop it, and its workers, with one line and exit
@@ -100,12 +105,13 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     if quiet:
         logging.getLogger("windowkit").setLevel(logging.WARNING)
     from windowkit.conversion import convert as run_convert
+    from windowkit.conversion.options import cli_spelling
     from windowkit.spec import WindowSpec
 
     spec = WindowSpec(length=length, stride=stride, sampling_rate=sampling_rate, horizon=horizon)
     source: Any = sources[0] if len(sources) == 1 else list(sources)
     with signals_interrupt("the conversion was", "the finished shards are kept: run the "
-                           "same command again to resume it"):
+                           "same command again to resume it"), cli_spelling():
         store = run_convert(
             source, out, format=fmt, window=spec, compression=compression, seed=seed,
             block_rows=block_rows, shard_size=shard_size, shards=shards, workers=workers,
@@ -114,11 +120,15 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             columns=[c.strip() for c in columns.split(",")] if columns else None,
             max_gap=max_gap, splits=splits, split_by=split_by, split_at=split_at,
             split_context=split_context, nan=nan,
-            target_columns=target_columns.split(",") if target_columns else None,
-            known_columns=known_columns.split(",") if known_columns else None,
-            static_columns=static_columns.split(",") if static_columns else None,
-            sort_memory=sort_memory, time_format=time_format)
+            target_columns=_names(target_columns), known_columns=_names(known_columns),
+            static_columns=_names(static_columns),
+            sort_memory=sort_memory, time_format=time_format, dtype=dtype)
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "
                    f"{store.manifest.series['count']} series, {total} windows", err=True)
+
+
+def _names(text: str | None) -> list[str] | None:
+    """A comma-separated list of columns."""
+    return text.split(",") if text else None

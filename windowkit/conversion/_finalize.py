@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +14,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from windowkit._version import __version__
-from windowkit.conversion._plan import StorePlan
+from windowkit.conversion._plan import StorePlan, history_hint, split_grid_windows
 from windowkit.conversion._shards import ShardResult, merged_stats
 from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import ConvertOptions
-from windowkit.index import IndexWriter, grid_windows, stretches_without
+from windowkit.errors import InvalidSpecError
+from windowkit.index import IndexWriter, grid_start, grid_windows, stretches_without
 from windowkit.manifest import STATIC_PREFIX, FileEntry, Manifest
-from windowkit.sources import Series, StagedSeries
+from windowkit.sources import StagedSeries
 from windowkit.splits import history_rows
 
 log = logging.getLogger("windowkit")
@@ -34,34 +35,56 @@ class IndexSummary:
     windows_per_series: np.ndarray
     gap_skipped: int = 0
     nan_skipped: int = 0
+    # per split: windows left out at time gaps and at missing values
+    skipped: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass
+class _SplitIndex:
+    """One split's windows as they are written: counts, and (per series) the time
+    of its earliest window's first row (``first_row``: 0, or ``L*R`` for its first
+    target under the history context) and of its latest window's last row."""
+
+    first_row: int = 0
+    gap_skipped: int = 0
+    nan_skipped: int = 0
+    first_times: list[int] = field(default_factory=list)
+    last_times: list[int] = field(default_factory=list)
 
 
 def write_index_tables(root: Path, plan: StorePlan, missing: np.ndarray) -> IndexSummary:
     """One index table per split: the windows that lie in the split, span no
-    time gap and touch no row in ``missing`` (runs of global rows)."""
+    time gap and touch no row in ``missing`` (runs of global rows). A split's
+    times run from its windows' first row (their first target under the history
+    context: a val/test window's inputs may lie in an earlier split) to their
+    last."""
     shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its shards
     (root / "index").mkdir()
     summary = IndexSummary({}, np.zeros(len(plan.series), dtype=np.int64))
-    spec = plan.layout.window
-    history = spec.length * spec.sampling_rate if spec.horizon else 0
+    history = history_rows(plan.layout.window)
     for k, name in enumerate(plan.splits.names):
         writer = IndexWriter(root / "index" / f"{name}.parquet", plan.layout.window)
-        times: list[int] = []
+        targets_only = plan.split_context == "history" and k != plan.splits.train_split
+        found = _SplitIndex(first_row=history if targets_only else 0)
         reach = plan.splits.window_ranges(k, context=plan.split_context, history_rows=history)
-        for sid, series in enumerate(plan.series):
+        for sid in range(len(plan.series)):
             lo, hi = (int(v) for v in plan.splits.ranges[sid, k])
             if hi > lo:
-                _index_series(writer, summary, plan, sid, (int(reach[sid, 0]), hi), missing)
-                times += _time_range(series, lo, hi)  # the split's own rows: its targets
+                _index_series(writer, summary, found, plan, sid, (int(reach[sid, 0]), hi),
+                              missing)
         writer.close()
+        summary.gap_skipped += found.gap_skipped
+        summary.nan_skipped += found.nan_skipped
+        summary.skipped[name] = (found.gap_skipped, found.nan_skipped)
         summary.splits[name] = {"windows": writer.windows, "index": f"index/{name}.parquet",
-                                "first_time": min(times) if times else None,
-                                "last_time": max(times) if times else None}
+                                "first_time": min(found.first_times, default=None),
+                                "last_time": max(found.last_times, default=None)}
     return summary
 
 
-def _index_series(writer: IndexWriter, summary: IndexSummary, plan: StorePlan, sid: int,
-                  rows: tuple[int, int], missing: np.ndarray) -> None:
+def _index_series(writer: IndexWriter, summary: IndexSummary, found: _SplitIndex,
+                  plan: StorePlan, sid: int, rows: tuple[int, int], missing: np.ndarray
+                  ) -> None:
     """Add the windows of series ``sid`` within ``rows`` of one split."""
     lo, hi = rows
     spec, series = plan.layout.window, plan.series[sid]
@@ -70,16 +93,70 @@ def _index_series(writer: IndexWriter, summary: IndexSummary, plan: StorePlan, s
     offset = int(plan.placement.row_offset[sid])
     first, last = np.searchsorted(missing[:, 0], [offset, offset + series.rows])
     valid = stretches_without(gap_free, missing[first:last] - offset)
-    got = sum(writer.add_series(sid, b - a, first_row=a) for a, b in valid)
+    starts = []  # (first start, last start) of each stretch holding windows
+    for a, b in valid:
+        count = writer.add_series(sid, b - a, first_row=a)
+        if count:
+            aligned = grid_start(a, spec.stride)
+            starts.append((aligned, aligned + (count - 1) * spec.stride))
+    got = sum((end - begin) // spec.stride + 1 for begin, end in starts)
     summary.windows_per_series[sid] += got
     without_gaps = sum(grid_windows(a, b, spec) for a, b in gap_free)
-    summary.gap_skipped += grid_windows(lo, hi, spec) - without_gaps
-    summary.nan_skipped += without_gaps - got
+    found.gap_skipped += grid_windows(lo, hi, spec) - without_gaps
+    found.nan_skipped += without_gaps - got
+    times = series.times() if isinstance(series, StagedSeries) and starts else None
+    if times is not None:
+        found.first_times.append(int(times[starts[0][0] + found.first_row]))
+        found.last_times.append(int(times[starts[-1][1] + spec.span - 1]))
 
 
-def _time_range(series: Series, lo: int, hi: int) -> list[int]:
-    times = series.times() if isinstance(series, StagedSeries) else None
-    return [] if times is None else [int(times[lo]), int(times[hi - 1])]
+def check_windows(plan: StorePlan, index: IndexSummary) -> None:
+    """A conversion yielding no window is an error saying why; a split without
+    windows (beside others with some) is one warning line saying why. (Neither
+    names the target: a remote one is written in a local mirror first.)"""
+    counts = {name: int(entry["windows"]) for name, entry in index.splits.items()}
+    if not sum(counts.values()):
+        raise InvalidSpecError("the conversion yields no window: " + _why_none(
+            index.gap_skipped, index.nan_skipped))
+    grid = split_grid_windows(plan.splits, plan.layout.window, plan.split_context)
+    for k, name in enumerate(plan.splits.names):
+        if counts[name]:
+            continue
+        reason = _why_none(*index.skipped[name]) if grid[k] else _too_short(plan, k)
+        log.warning("%s", _spelled(f"split {name!r} holds no windows: {reason}"))
+
+
+def _spelled(message: str) -> str:
+    """A warning names the caller's options: the CLI's flags, or Python's arguments
+    (as :func:`windowkit.conversion.options.python_errors` does for errors)."""
+    from windowkit.conversion import options
+
+    return message if options._CLI.get() else options.python_spelling(message)
+
+
+def _why_none(gap_skipped: int, nan_skipped: int) -> str:
+    """Why windows that fit on the grid were all left out."""
+    reasons = []
+    if gap_skipped:
+        reasons.append(f"{gap_skipped:,} would span a time gap (longer than --max-gap, by "
+                       "default 1.5 regular steps)")
+    if nan_skipped:
+        reasons.append(f"{nan_skipped:,} would touch a row with NaN, inf or an empty value "
+                       "(left out by --nan skip)")
+    return (f"all {gap_skipped + nan_skipped:,} windows that fit are left out: "
+            + "; ".join(reasons))
+
+
+def _too_short(plan: StorePlan, k: int) -> str:
+    """Why split ``k`` has no window on the grid: its rows, per series, are too few."""
+    ranges = plan.splits.ranges[:, k, :]
+    rows = ranges[:, 1] - ranges[:, 0]
+    spec = plan.layout.window
+    if not rows.any():
+        return "no series has a row in it"
+    return (f"each series' part of it is shorter than a window: at most {int(rows.max()):,} "
+            f"rows, a window spans {spec.span} ((L+H-1)*R+1)"
+            + history_hint(plan.splits, spec, plan.split_context, k))
 
 
 def write_series_table(root: Path, plan: StorePlan, windows_per_series: np.ndarray) -> None:
@@ -123,6 +200,7 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
     root = workspace.root
     missing = np.concatenate([r.missing for r in results])  # global rows, ascending
     index = write_index_tables(root, plan, missing)
+    check_windows(plan, index)
     write_series_table(root, plan, index.windows_per_series)
     merged = merged_stats(results)
     stats = merged.to_dict()

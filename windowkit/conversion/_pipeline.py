@@ -38,7 +38,16 @@ from windowkit.conversion._remote import (
 )
 from windowkit.conversion._shards import ShardResult, source_digest, write_shards
 from windowkit.conversion._workspace import Workspace, check_target
-from windowkit.conversion.options import DEFAULT_SHARD_BYTES, ConvertOptions
+from windowkit.conversion.options import (
+    DEFAULT_SHARD_BYTES,
+    ConvertOptions,
+    check_arguments,
+    column_names,
+    one_column,
+    python_errors,
+    table_dtype,
+    window_spec,
+)
 from windowkit.errors import (
     DiskSpaceError,
     Interrupted,
@@ -79,18 +88,22 @@ RECHECK_BYTES = 64 << 20
 
 
 def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "zarr",
-            window: WindowSpec | int, compression: str | None = None, seed: int = 0,
+            window: WindowSpec | int, stride: int | None = None,
+            sampling_rate: int | None = None, horizon: int | None = None,
+            compression: str | None = None, seed: int = 0,
             block_rows: int | None = None, shard_size: int = DEFAULT_SHARD_BYTES,
             shards: int | None = None, workers: int = 1, overwrite: bool = False,
-            progress: bool = False, series_col: str | None = None,
-            time_col: str | None = None, columns: Sequence[str] | None = None,
+            progress: bool = False, series_col: str | Sequence[str] | None = None,
+            time_col: str | Sequence[str] | None = None,
+            columns: str | Sequence[str] | None = None,
+            dtype: str | np.dtype | type | None = None,
             max_gap: str | int | None = None,
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
             split_at: str | Sequence[str | int] | None = None, split_context: str = "none",
             nan: str = "error",
-            target_columns: Sequence[str] | None = None,
-            known_columns: Sequence[str] | None = None,
-            static_columns: Sequence[str] | None = None,
+            target_columns: str | Sequence[str | int] | None = None,
+            known_columns: str | Sequence[str | int] | None = None,
+            static_columns: str | Sequence[str] | None = None,
             static: Mapping[str, Any] | None = None,
             sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None,
             storage_options: dict[str, Any] | None = None, dask: Any = None) -> Store:
@@ -101,7 +114,12 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     uploaded as they are written, its tables kept in a local mirror, and the
     manifest written last (:mod:`windowkit.conversion._remote`).
 
-    ``window`` is a :class:`WindowSpec` or a window length. ``compression``
+    ``window`` is a :class:`WindowSpec`, or the window length with ``stride``,
+    ``sampling_rate`` and ``horizon`` as keywords (``window=32, stride=2,
+    horizon=3``; not both). ``source`` is a ``.npy`` path, a glob or list of
+    them (one series each), an array (one series of ``[*step_shape]`` steps:
+    pass many as a list or dict of arrays), a pandas Series (one series named
+    by its ``name``), or a table (below). ``compression``
     defaults to the format's (zstd for Zarr and Parquet, none for TFRecord).
     ``block_rows`` sets the rows per storage block (Zarr chunk, TFRecord record,
     Parquet row group); by default a power of two near 1 MiB (256 KiB for
@@ -113,13 +131,17 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     target (for a local path, one they share). Rows are streamed
     block by block: peak memory does not grow with the source.
 
-    A CSV or Parquet file, or a pandas DataFrame, is a table
+    A CSV or Parquet file, several of them (a list, a glob, a directory of
+    Parquet parts, hive-partitioned or not: one table, in path order), or a
+    pandas DataFrame, is a table
     (:mod:`windowkit.sources`): ``series_col`` names the series of a long table
     (without it the table is one series), ``time_col`` its times (strictly
-    increasing per series; no window spans a gap larger than ``max_gap``,
+    increasing per series; integers, dates, timestamps, or floats holding whole
+    numbers such as ``1700.0``; no window spans a gap larger than ``max_gap``,
     by default each series' regular step; a text time column is parsed with
     ``time_format``, strptime codes such as ``"%Y/%m/%d"``), ``columns`` the
-    features. A long
+    features (a string is one column); ``dtype`` (``"float32"``) casts their
+    values, refusing one that overflows. A long
     table whose series are interleaved is grouped in memory if it takes at
     most ``sort_memory`` bytes there.
 
@@ -152,17 +174,23 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     running out of memory raises :class:`~windowkit.errors.OutOfMemoryError`
     saying what to lower. Both keep the finished shards for a re-run.
     """
-    table = TableOptions(series_col, time_col, tuple(columns) if columns else None, max_gap,
-                         time_format, tuple(static_columns) if static_columns else None)
-    options = ConvertOptions.of(
-        format=format, window=window, compression=compression, splits=splits,
-        split_by=split_by, split_at=split_at, split_context=split_context, table=table,
-        target_columns=target_columns, known_columns=known_columns, static=static,
-        seed=seed, block_rows=block_rows, shard_size=shard_size, shards=shards,
-        workers=workers, dask=dask, overwrite=overwrite, progress=progress, nan=nan,
-        sort_memory=sort_memory)
-    with _out_of_memory():
-        return _convert(source, resolve(out, storage_options), options, overwrite)
+    with python_errors():  # errors name these arguments, not the CLI's flags
+        check_arguments(locals())
+        table = TableOptions(one_column("series_col", series_col),
+                             one_column("time_col", time_col), column_names("columns", columns),
+                             max_gap, time_format, column_names("static_columns", static_columns),
+                             table_dtype(dtype))
+        options = ConvertOptions.of(
+            format=format, window=window_spec(window, stride, sampling_rate, horizon),
+            compression=compression, splits=splits, split_by=split_by, split_at=split_at,
+            split_context=split_context, table=table,
+            target_columns=column_names("target_columns", target_columns),
+            known_columns=column_names("known_columns", known_columns), static=static,
+            seed=seed, block_rows=block_rows, shard_size=shard_size, shards=shards,
+            workers=workers, dask=dask, overwrite=bool(overwrite), progress=bool(progress),
+            nan=nan, sort_memory=sort_memory)
+        with _out_of_memory():
+            return _convert(source, resolve(out, storage_options), options, bool(overwrite))
 
 
 def _convert(source: SourceLike, target: AnyPath, options: ConvertOptions,
@@ -228,9 +256,10 @@ def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
 
 def _open_arrays(source: SourceLike, table: TableOptions) -> list[Series]:
     if table != TableOptions():
-        raise InvalidSpecError("series_col, time_col, time_format, columns, max_gap and "
-                               "static_columns apply to table sources (CSV, Parquet, "
-                               "DataFrame) only; for arrays pass static={name: values}")
+        raise InvalidSpecError("--series-col, --time-col, --time-format, --columns, "
+                               "--max-gap, --static-columns and --dtype apply to table "
+                               "sources (CSV, Parquet, DataFrame) only; for arrays pass "
+                               "static={name: values} and cast them yourself")
     return open_sources(source)
 
 

@@ -21,7 +21,7 @@ from windowkit.formats import DataLayout, get_format
 from windowkit.formats.base import ShardTask
 from windowkit.sources import ArraySeries, NpySeries, RemoteNpySeries, Series, StagedSeries
 from windowkit.spec import WindowSpec
-from windowkit.splits import SplitPlan
+from windowkit.splits import SplitPlan, history_rows
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def choose_block_rows(row_bytes: int, min_rows: int, target_bytes: int) -> int:
 def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
     """The plan of the store ``options`` ask for, from the checked ``series``."""
     spec = options.window
-    _check_some_window(series, spec)
+    _check_longest(series, spec)
     storage = get_format(options.format)
     first = series[0]
     row_bytes = first.dtype.itemsize * int(np.prod(first.step_shape, dtype=np.int64))
@@ -85,6 +85,7 @@ def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
     tasks = plan_shards(layout, placement, shard_bytes=options.shard_size,
                         shards=options.shards)
     splits = options.split.plan(series)
+    check_some_window(splits, spec, options.split.context)
     fingerprint = _fingerprint(series)
     key = _plan_key(fingerprint, options, layout, tasks, splits)
     static_names, static_values = _static_features(series, options)
@@ -98,13 +99,59 @@ def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
                      static_columns=static_names, static_values=static_values)
 
 
-def _check_some_window(series: list[Series], spec: WindowSpec) -> None:
+def _check_longest(series: list[Series], spec: WindowSpec) -> None:
+    """A conversion yielding no window is an error: here, every series too short."""
     longest = max(s.rows for s in series)
     if longest < spec.span:
         raise InvalidSpecError(
-            f"a window spans {spec.span} rows (length {spec.length}, horizon {spec.horizon}, "
-            f"sampling rate {spec.sampling_rate}), longer than every series (longest: "
-            f"{longest} rows)")
+            f"no window fits: a window spans {spec.span} rows ((L+H-1)*R+1 with length "
+            f"L={spec.length}, horizon H={spec.horizon}, sampling rate R="
+            f"{spec.sampling_rate}), longer than every series (longest: {longest} rows)")
+
+
+def grid_counts(ranges: np.ndarray, spec: WindowSpec) -> np.ndarray:
+    """Per row range ``[lo, hi)`` (``[n, 2]``), the windows on the series' stride
+    grid that lie wholly in it (before gaps and missing values remove any)."""
+    lo, hi = ranges[..., 0], ranges[..., 1]
+    aligned = -(-lo // spec.stride) * spec.stride
+    usable = hi - aligned - (spec.steps - 1) * spec.sampling_rate
+    return np.where(usable > 0, -(-usable // spec.stride), 0)
+
+
+def split_grid_windows(splits: SplitPlan, spec: WindowSpec, context: str) -> np.ndarray:
+    """Per split, its windows on the series' grids (before gaps and missing values)."""
+    history = history_rows(spec)
+    return np.array([int(grid_counts(splits.window_ranges(k, context=context,
+                                                          history_rows=history), spec).sum())
+                     for k in range(len(splits.names))], dtype=np.int64)
+
+
+def check_some_window(splits: SplitPlan, spec: WindowSpec, context: str) -> None:
+    """A conversion yielding no window is an error: here, the splits cut every
+    series into parts shorter than a window (checked before writing anything)."""
+    if split_grid_windows(splits, spec, context).sum() > 0:
+        return
+    longest = ", ".join(f"{name} {int((splits.ranges[:, k, 1] - splits.ranges[:, k, 0]).max())}"
+                        for k, name in enumerate(splits.names))
+    raise InvalidSpecError(
+        f"no window fits in any split: a window spans {spec.span} rows ((L+H-1)*R+1), more "
+        f"than any series' part of a split holds (longest: {longest} rows)"
+        + history_hint(splits, spec, context))
+
+
+def history_hint(splits: SplitPlan, spec: WindowSpec, context: str, split: int | None = None
+                 ) -> str:
+    """What the history split context would give (all splits, or ``split``), as
+    a hint to append to a message; empty where it would not help."""
+    if context == "history" or spec.horizon == 0 or len(splits.names) < 2:
+        return ""
+    counts = split_grid_windows(splits, spec, "history")
+    gained = int(counts.sum() if split is None else counts[split])
+    if not gained:
+        return ""
+    return (f"; --split-context history would give "
+            f"{'it' if split is not None else 'the splits after training'} {gained:,} "
+            "windows, their inputs reaching into the rows before the split")
 
 
 def _fingerprint(series: list[Series]) -> str:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+import numbers
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError, check_int
+from windowkit.errors import InvalidSpecError, WindowkitError, check_int
 from windowkit.formats import get_format
 from windowkit.sources import DEFAULT_SORT_MEMORY, Series, StagedSeries, TableOptions, parse_time
 from windowkit.spec import WindowSpec
@@ -106,3 +111,175 @@ class ConvertOptions:
     @property
     def skip_missing(self) -> bool:
         return self.nan == "skip"
+
+
+# -- the arguments of windowkit.convert, as Python passes them ---------------------
+
+_NONE = type(None)
+_INT = (numbers.Integral,)
+_COLUMNS = (str, numbers.Integral, Sequence, _NONE)
+#: each argument's accepted types and how an error describes them
+_ARGUMENT_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "out": ((str, os.PathLike), "a path or URL"),
+    "format": ((str,), "a format name (tfrecord, zarr, parquet)"),
+    "compression": ((str, _NONE), "a string or None"),
+    "seed": (_INT, "an integer"),
+    "block_rows": ((*_INT, _NONE), "an integer or None"),
+    "shard_size": (_INT, "an integer (bytes)"),
+    "shards": ((*_INT, _NONE), "an integer or None"),
+    "workers": (_INT, "an integer"),
+    "overwrite": ((bool, np.bool_), "True or False"),
+    "progress": ((bool, np.bool_), "True or False"),
+    "series_col": ((str, Sequence, _NONE), "a column name or None"),
+    "time_col": ((str, Sequence, _NONE), "a column name or None"),
+    "columns": (_COLUMNS, "a column name, a list of them or None"),
+    "max_gap": ((str, *_INT, _NONE), "a number, a duration such as '5min', or None"),
+    "splits": ((str, Mapping, _NONE), "a dict such as {'train': 0.8, 'val': 0.2}, a string "
+               "such as 'train=0.8,val=0.2', or None"),
+    "split_by": ((str,), "'time' or 'series'"),
+    "split_at": ((str, *_INT, Sequence, _NONE), "a time, a list of times or None"),
+    "split_context": ((str,), "'none' or 'history'"),
+    "nan": ((str,), "'error' or 'skip'"),
+    "target_columns": (_COLUMNS, "a column name, a list of them or None"),
+    "known_columns": (_COLUMNS, "a column name, a list of them or None"),
+    "static_columns": (_COLUMNS, "a column name, a list of them or None"),
+    "static": ((Mapping, _NONE), "a dict of a static feature's name to one value per "
+               "series, or None"),
+    "sort_memory": (_INT, "an integer (bytes)"),
+    "time_format": ((str, _NONE), "strptime codes such as '%Y-%m-%d', or None"),
+    "storage_options": ((Mapping, _NONE), "a dict or None"),
+}
+
+
+def check_arguments(arguments: Mapping[str, Any]) -> None:
+    """Each of :func:`windowkit.convert`'s ``arguments`` of a type it takes:
+    else an :class:`InvalidSpecError` naming the argument (``normalize`` of a
+    store's readers, ``overwrite`` here: True or False, never a string)."""
+    for name, (types, expected) in _ARGUMENT_TYPES.items():
+        value = arguments.get(name)
+        wrong = not isinstance(value, types) or (
+            isinstance(value, bool) and bool not in types and np.bool_ not in types)
+        if name in arguments and wrong:
+            raise InvalidSpecError(f"{name} must be {expected}, got {value!r} "
+                                   f"({type(value).__name__})")
+    for name, minimum in (("seed", 0), ("sort_memory", 0)):
+        check_int(name, arguments.get(name, minimum), minimum)
+
+
+def column_names(name: str, value: Any) -> tuple[Any, ...] | None:
+    """A list of columns as given: a string (or a position) is one column, never
+    its letters; a list, each of its items. Empty or None: None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, numbers.Integral)) and not isinstance(value, bool):
+        return (value,)
+    items = tuple(value)
+    bad = [item for item in items if isinstance(item, bool) or not isinstance(
+        item, (str, numbers.Integral))]
+    if bad:
+        raise InvalidSpecError(f"{name} must name columns (strings, or positions for "
+                               f"arrays), got {bad[0]!r} in {value!r}")
+    return items or None
+
+
+def one_column(name: str, value: Any) -> str | None:
+    """The series or time column: a name, or a list holding one name."""
+    if value is None or isinstance(value, str):
+        return value
+    items = column_names(name, value)
+    if items is None or len(items) != 1 or not isinstance(items[0], str):
+        raise InvalidSpecError(f"{name} takes one column name, got {value!r}")
+    return items[0]
+
+
+def table_dtype(value: Any) -> str | None:
+    """The dtype a table's values are stored in (``dtype=``, ``--dtype``): a
+    float or integer dtype, or None (the columns' own)."""
+    if value is None:
+        return None
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in "fiu" or isinstance(value, bool):
+        raise InvalidSpecError(f"--dtype must be a float or integer dtype (float16, float32, "
+                               f"float64, int8 .. int64, uint8 .. uint64), got {value!r}")
+    return dtype.name
+
+
+def window_spec(window: Any, stride: Any, sampling_rate: Any, horizon: Any) -> WindowSpec:
+    """The window, given as a :class:`WindowSpec` or as keywords (``window=32,
+    stride=2, horizon=3``), never both."""
+    given = {name: value for name, value in (("stride", stride),
+             ("sampling_rate", sampling_rate), ("horizon", horizon)) if value is not None}
+    if isinstance(window, WindowSpec):
+        if given:
+            verb = "is" if len(given) == 1 else "are"
+            raise InvalidSpecError(
+                f"window is a WindowSpec and {', '.join(given)} {verb} given too; give the "
+                "window once: window=WindowSpec(32, stride=2, horizon=3), or window=32, "
+                "stride=2, horizon=3")
+        return window
+    check_int("window", window, 1)
+    for name, value in given.items():
+        check_int(name, value, 0 if name == "horizon" else 1)
+    return WindowSpec(length=int(window), **given)
+
+
+# -- errors: the CLI names its flags, Python its arguments --------------------------
+
+_CLI = contextvars.ContextVar("windowkit_cli_spelling", default=False)
+_FLAGS = ("columns", "static-columns", "target-columns", "known-columns", "time-col",
+          "series-col", "time-format", "max-gap", "sort-memory", "workers", "shard-size",
+          "block-rows", "shards", "split", "split-at", "split-by", "split-context", "nan",
+          "format", "compression", "dtype", "out", "window", "stride", "sampling-rate",
+          "horizon", "overwrite", "dask", "seed")
+_FLAG = r"(?<![^\s(\[])--"  # at the start, after a space or a bracket
+_RULES: list[tuple[re.Pattern[str], Any]] = [(re.compile(pattern), to) for pattern, to in (
+    (rf" \({_FLAG}overwrite\)", ""),
+    (rf"{_FLAG}overwrite\b", "overwrite=True"),
+    (rf"{_FLAG}(nan|format|split-by|split-context|compression|dtype) (error|skip|tfrecord|"
+     r"zarr|parquet|time|series|none|history|zstd|gzip|(?:u?int|float)\d+)\b",
+     lambda m: f'{m[1].replace("-", "_")}="{m[2]}"'),
+    (rf"{_FLAG}horizon H\b", "horizon=H"),
+    (rf"{_FLAG}time-format '", "time_format='"),
+    (rf"{_FLAG}sort-memory ([\d.]+ \w+)", r"sort_memory=\1"),
+    (rf"{_FLAG}dask (\S+):", r'dask="\1":'),
+    (rf"{_FLAG}(out|split) ([^\s)]+)", lambda m: f'{_python_name(m[1])}="{m[2]}"'),
+    (rf"{_FLAG}({'|'.join(sorted(_FLAGS, key=len, reverse=True))})(?![\w-])",
+     lambda m: _python_name(m[1])),
+)]
+
+
+def _python_name(flag: str) -> str:
+    return "splits" if flag == "split" else flag.replace("-", "_")
+
+
+def python_spelling(message: str) -> str:
+    """An error message with the CLI's flags (``--nan skip``) spelled as the
+    Python arguments (``nan="skip"``)."""
+    for pattern, to in _RULES:
+        message = pattern.sub(to, message)
+    return message
+
+
+@contextlib.contextmanager
+def cli_spelling() -> Iterator[None]:
+    """Inside (the CLI), errors keep naming the command line's flags."""
+    token = _CLI.set(True)
+    try:
+        yield
+    finally:
+        _CLI.reset(token)
+
+
+@contextlib.contextmanager
+def python_errors() -> Iterator[None]:
+    """A windowkit error raised inside names Python arguments, not CLI flags
+    (unless the CLI is the caller: :func:`cli_spelling`)."""
+    try:
+        yield
+    except WindowkitError as exc:
+        if not _CLI.get() and len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (python_spelling(exc.args[0]),)
+        raise

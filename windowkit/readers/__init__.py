@@ -10,28 +10,33 @@ block pool that cuts windows from decoded blocks.
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError
+from windowkit.errors import InvalidSpecError, check_int
 from windowkit.permutation import index_shuffle
 from windowkit.readers._gather import DEFAULT_CACHE_BYTES, BlockPool, WindowGather
 from windowkit.readers._order import EpochOrder, WindowOrder, block_first_positions, num_batches
+from windowkit.readers._random import default_memory_budget
 from windowkit.readers.plan import ReadPlan, StoreRows
-
-DEFAULT_MEMORY_BUDGET = 4 << 30  # bytes of rows shuffle="global" may hold in memory
 
 
 def check_shuffle(shuffle: object) -> bool | str:
-    """``shuffle`` if it is one of ``True``, ``False``, ``"global"``; else one line."""
+    """``shuffle`` if it is one of ``True``, ``False``, ``"global"``,
+    ``"blocks"``; else one line."""
     if isinstance(shuffle, bool | np.bool_):
         return bool(shuffle)
-    if isinstance(shuffle, str) and shuffle == "global":
-        return "global"
-    raise InvalidSpecError(f"shuffle must be True (block groups), False or 'global', got "
-                           f"{shuffle!r}")
+    if isinstance(shuffle, str) and shuffle in ("global", "blocks"):
+        return shuffle
+    raise InvalidSpecError(f"shuffle must be True (the best the memory budget allows), "
+                           f"'global' (uniform at any size), 'blocks' (block groups) or "
+                           f"False (index order), got {shuffle!r}")
+
+
+def check_budget(name: str, value: object) -> int | None:
+    """``value`` (a byte count >= 1) or None (the default); else one line."""
+    return None if value is None else check_int(name, value, 1)
 
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
-    "DEFAULT_MEMORY_BUDGET",
     "BlockPool",
     "EpochOrder",
     "ReadPlan",
@@ -39,7 +44,9 @@ __all__ = [
     "WindowGather",
     "WindowOrder",
     "block_first_positions",
+    "check_budget",
     "check_shuffle",
+    "default_memory_budget",
     "index_shuffle",
     "num_batches",
 ]

@@ -1,93 +1,145 @@
-"""``shuffle="global"``: each epoch a uniform random permutation of the split's
-windows, batches cut from rows held in memory.
+"""Uniform shuffling for ``tf.data``: each epoch a uniform permutation of the
+split's windows, batches gathered by random access.
 
-The rows the split's windows need (the storage blocks where they start, each
-with its halo) are read once, with the format's row reader, and held as one
-tensor: at most ``memory_budget`` bytes, else one line says how much is needed.
-The window starts are computed once (8 bytes per window). Each epoch draws a
-key from the seed; batch ``b`` holds the windows at epoch positions
-``b*B .. b*B+B-1`` of a keyed bijection of ``[0, n)``
-(``tf.random.experimental.index_shuffle``): no permutation is ever
-materialized, and an iterator's position is all its state.
+The rows are held once (:class:`windowkit.readers._random.HeldRows`: in memory
+within ``memory_budget``, else spilled to a private file on local disk); each
+batch is one ``numpy_function`` call (:class:`UniformBatches`: a keyed
+permutation, one fancy index, the batch's parts), run in parallel by
+``map``: the gathers release the interpreter lock. Each iteration of the
+dataset draws a new key from the seed; an iterator's position is a batch
+number, so ``tf.train.Checkpoint`` saves it symbolically.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit._progress import human_size
 from windowkit.errors import InvalidSpecError
-from windowkit.readers._cut import PREFETCH_BATCHES, WindowCutter
+from windowkit.readers._cut import PREFETCH_BATCHES
 from windowkit.readers._order import num_batches
 from windowkit.readers._parts import BatchParts
+from windowkit.readers._random import HeldRows, UniformBatches, default_memory_budget
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from windowkit.readers.plan import ReadPlan
 
-
-def check_memory_budget(plan: ReadPlan, memory_budget: int) -> int:
-    """The bytes of rows global shuffling holds for ``plan``; one line if more
-    than ``memory_budget``."""
-    needed = plan.rows_bytes()
-    if needed > memory_budget:
-        raise InvalidSpecError(
-            f"{plan.path}: shuffle='global' holds the rows of split {plan.split!r} in "
-            f"memory, {human_size(needed)}, more than memory_budget={memory_budget} "
-            f"({human_size(memory_budget)}); raise memory_budget, shard the reading "
-            "(num_shards=), or use shuffle=True (block groups, bounded memory)")
-    return needed
+SHUFFLES = (True, False, "global", "blocks")
+CHUNK_BATCHES = 8  # batches gathered by one numpy_function call
 
 
-def load_rows(plan: ReadPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows, blocks, offsets)``: the rows of every block holding the plan's
-    windows (ascending), block ``blocks[i]`` starting at ``rows[offsets[i]]``
-    and followed by its halo."""
-    from windowkit.readers._groups import GroupLoader
+@dataclass(frozen=True)
+class ShuffleChoice:
+    """How a reader shuffles, and the bytes it may hold.
 
-    blocks = np.flatnonzero(plan.windows_per_block()).astype(np.int64)
-    rows, offsets = GroupLoader.of(plan)(blocks)
-    return rows, blocks, offsets
+    ``mode``: ``"uniform"`` (a uniform permutation each epoch, rows held once,
+    in memory or spilled), ``"blocks"`` (block groups, as large as the budget
+    holds) or ``"ordered"`` (index order)."""
+
+    mode: str
+    memory_budget: int
+    cache_bytes: int
+
+    @property
+    def uniform(self) -> bool:
+        return self.mode == "uniform"
+
+
+def choose_shuffle(plan: ReadPlan, shuffle: bool | str, *, memory_budget: int | None = None,
+                   cache_bytes: int | None = None, shuffle_blocks: int | None = None
+                   ) -> ShuffleChoice:
+    """``True``: uniform when the split's rows fit ``memory_budget`` (default:
+    :func:`default_memory_budget`), else block groups sized by it;
+    ``"global"``: uniform at any size (beyond the budget, spilled to local
+    disk); ``"blocks"``: block groups; ``False``: index order. ``cache_bytes``
+    or ``shuffle_blocks`` (experts) size block groups apart from the budget,
+    and so ask ``True`` for block groups."""
+    budget = default_memory_budget() if memory_budget is None else memory_budget
+    groups = budget if cache_bytes is None else cache_bytes
+    if shuffle is False:
+        mode = "ordered"
+    elif shuffle == "global":
+        mode = "uniform"
+    elif shuffle == "blocks":
+        mode = "blocks"
+    elif shuffle is True:
+        groups_asked = cache_bytes is not None or shuffle_blocks is not None
+        mode = "uniform" if plan.rows_bytes() <= budget and not groups_asked else "blocks"
+    else:
+        raise InvalidSpecError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
+    return ShuffleChoice(mode, budget, groups)
+
+
+def uniform_source(plan: ReadPlan, *, batch_size: int, seed: int, normalize: bool,
+                   memory_budget: int, parts: BatchParts,
+                   spill_dir: str | os.PathLike[str] | None = None) -> UniformBatches:
+    """The split's rows held (in memory or spilled) and its uniform batches."""
+    held = HeldRows(plan, memory_budget=memory_budget, spill_dir=spill_dir)
+    shard = plan.shard if plan.dealt else (0, 1)
+    return UniformBatches(plan, held, batch_size=batch_size, seed=seed, normalize=normalize,
+                          parts=parts, shard=shard)
 
 
 def global_batches(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder: bool,
-                   normalize: bool, memory_budget: int, parts: BatchParts
-                   ) -> tf.data.Dataset:
+                   normalize: bool, memory_budget: int, parts: BatchParts,
+                   spill_dir: str | os.PathLike[str] | None = None) -> tf.data.Dataset:
     """Batches of uniformly shuffled windows, a new permutation each iteration
     (epoch), the sequence of epochs fixed by ``seed``."""
+    source = uniform_source(plan, batch_size=batch_size, seed=seed, normalize=normalize,
+                            memory_budget=memory_budget, parts=parts, spill_dir=spill_dir)
+    return uniform_dataset(source, seed=seed, drop_remainder=drop_remainder)
+
+
+def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
+                    ) -> tf.data.Dataset:
+    """``source``'s batches as a ``tf.data.Dataset``: one ``numpy_function``
+    call per chunk of ``CHUNK_BATCHES`` batches (a call costs more than
+    gathering a batch), chunks in parallel, each cut into its batches in the
+    graph; each iteration a new key drawn from ``seed``."""
     import tensorflow as tf
 
-    from windowkit.readers._groups import BlockWindows
+    batch_size, total = source.batch_size, source.num_windows
+    batches = num_batches(total, batch_size, drop_remainder)
+    windows = batches * batch_size if drop_remainder else total  # read per epoch
+    chunk = CHUNK_BATCHES * batch_size
+    probe = source.windows(0, 0, 1)  # the batches' structure and dtypes
+    flat_probe = tf.nest.flatten(probe)
+    dtypes = [tf.as_dtype(np.asarray(part).dtype) for part in flat_probe]
+    shapes = [tf.TensorShape([None, *np.shape(part)[1:]]) for part in flat_probe]
+    full = drop_remainder or total % batch_size == 0  # every batch whole
+    batch_shapes = [tf.TensorShape([batch_size if full else None, *shape[1:]])
+                    for shape in shapes]
 
-    check_memory_budget(plan, memory_budget)
-    rows, blocks, offsets = load_rows(plan)
-    lookup = BlockWindows.of(plan)
-    starts, series = lookup.starts_and_series(tf.constant(blocks), tf.constant(offsets))
-    series = series if parts.series else None  # [n] int32 beside the [n] int64 starts
-    held = tf.constant(rows)
-    del rows
-    n = plan.num_windows
-    batches = num_batches(n, batch_size, drop_remainder)
-    cut = WindowCutter(plan.spec, plan.normalizer() if normalize else None,
-                       plan.target_index, parts)
-    prepared = cut.prepare(held, narrow=False)  # no column copies: within memory_budget
-    seed_part = tf.constant(seed, tf.int64)
+    def gather(key: Any, lo: Any) -> list[np.ndarray]:
+        part = source.windows(int(key) % 2**64, int(lo), min(int(lo) + chunk, windows))
+        return [np.asarray(array) for array in tf.nest.flatten(part)]
 
-    def batch(index: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
-        lo = index * batch_size
-        positions = tf.range(lo, tf.minimum(lo + batch_size, n))
-        shuffled = tf.random.experimental.index_shuffle(
-            positions, seed=tf.stack([seed_part, key]), max_index=n - 1)
-        return cut(prepared, tf.gather(starts, shuffled),
-                   None if series is None else tf.gather(series, shuffled))
+    def cut(flat: tuple[tf.Tensor, ...], lo: tf.Tensor) -> Any:
+        parts = [tensor[lo:lo + batch_size] for tensor in flat]
+        for tensor, shape in zip(parts, batch_shapes, strict=True):
+            tensor.set_shape(shape)
+        return tf.nest.pack_sequence_as(probe, parts)
+
+    def load(lo: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+        # stateless: a chunk depends only on (key, lo), so symbolic
+        # checkpointing records the position and nothing else
+        flat = tf.numpy_function(gather, [key, lo], dtypes, stateful=False)
+        for tensor, shape in zip(flat, shapes, strict=True):
+            tensor.set_shape(shape)
+        return tf.minimum(tf.constant(chunk, tf.int64), windows - lo), tuple(flat)
+
+    def chunk_batches(size: tf.Tensor, flat: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
+        return tf.data.Dataset.range(0, size, batch_size).map(lambda at: cut(flat, at))
 
     def epoch(key: tf.Tensor) -> tf.data.Dataset:
-        return tf.data.Dataset.range(batches).map(
-            lambda index: batch(index, key), num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True)
+        chunks = tf.data.Dataset.range(0, windows, chunk)
+        return chunks.map(lambda lo: load(lo, key), num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True).flat_map(chunk_batches)
 
     keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
     ds = keys.flat_map(epoch)

@@ -34,15 +34,15 @@ import keras
 
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers import (
-    DEFAULT_CACHE_BYTES,
-    DEFAULT_MEMORY_BUDGET,
     EpochOrder,
     WindowGather,
     WindowOrder,
+    check_budget,
     check_shuffle,
     num_batches,
 )
-from windowkit.readers._global import check_memory_budget
+from windowkit.readers._global import choose_shuffle, uniform_source
+from windowkit.readers._random import UniformBatches
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -51,7 +51,9 @@ if TYPE_CHECKING:
 Batch = Any  # x, (x, y), or with parts a dict x (windowkit.readers._parts)
 
 # attributes built per process, never pickled
-_PROCESS_LOCAL = ("_lock", "_pid", "_local", "_current")
+_PROCESS_LOCAL = ("_lock", "_pid", "_local", "_current", "_checked_epoch")
+# never pickled, but kept by forked workers (the held rows are shared with them)
+_NOT_PICKLED = (*_PROCESS_LOCAL, "_uniform")
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,9 @@ class WindowPyDataset(keras.utils.PyDataset):
     def __init__(self, plan: ReadPlan, batch_size: int = 256, *,
                  shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
                  normalize: bool = False, workers: int = 1, use_multiprocessing: bool = False,
-                 max_queue_size: int = 10, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET, return_series: bool = False
-                 ) -> None:
+                 max_queue_size: int = 10, cache_bytes: int | None = None,
+                 memory_budget: int | None = None, return_series: bool = False,
+                 spill_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(workers=check_int("workers", workers, 0),
                          use_multiprocessing=bool(use_multiprocessing),
                          max_queue_size=check_int("max_queue_size", max_queue_size, 1))
@@ -85,15 +87,18 @@ class WindowPyDataset(keras.utils.PyDataset):
         self.drop_remainder = bool(drop_remainder)
         self.normalize = bool(normalize)
         self.parts = plan.parts(return_series)
-        self.cache_bytes = check_int("cache_bytes", cache_bytes, 1)
-        if self.shuffle == "global":  # every block held: one group, a uniform permutation
-            needed = check_memory_budget(plan, check_int("memory_budget", memory_budget, 1))
-            self.cache_bytes = max(self.cache_bytes, needed)
+        self.choice = choose_shuffle(plan, self.shuffle,
+                                     memory_budget=check_budget("memory_budget", memory_budget),
+                                     cache_bytes=check_budget("cache_bytes", cache_bytes))
+        self.spill_dir = spill_dir
         if normalize:
             plan.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
         self._first_batch = 0  # batches of epoch `_epoch` already done (resuming)
         self._reset_process_state()
+        self._uniform: UniformBatches | None = None
+        if self.choice.uniform:  # held now, so that forked workers share the rows
+            self._uniform_batches()
 
     # -- pickling and per-process state ---------------------------------------------
     def _reset_process_state(self) -> None:
@@ -101,13 +106,25 @@ class WindowPyDataset(keras.utils.PyDataset):
         self._pid = os.getpid()
         self._local: _Local | None = None
         self._current: tuple[int, EpochOrder] | None = None
+        self._checked_epoch: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in _PROCESS_LOCAL}
+        return {k: v for k, v in self.__dict__.items() if k not in _NOT_PICKLED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset_process_state()
+        self._uniform = None  # held again by this process on first use
+
+    def _uniform_batches(self) -> UniformBatches:
+        """The uniform mode's rows and batches (built once per process image)."""
+        with self._lock:
+            if self._uniform is None:
+                self._uniform = uniform_source(
+                    self.plan, batch_size=self.batch_size, seed=self.seed,
+                    normalize=self.normalize, memory_budget=self.choice.memory_budget,
+                    parts=self.parts, spill_dir=self.spill_dir)
+            return self._uniform
 
     def _process_local(self) -> _Local:
         if self._pid != os.getpid():  # a forked worker: the parent's lock and cache are not ours
@@ -115,12 +132,11 @@ class WindowPyDataset(keras.utils.PyDataset):
         with self._lock:
             if self._local is None:
                 plan = self.plan
-                gather = plan.window_gather(self.cache_bytes)
+                gather = plan.window_gather(self.choice.cache_bytes)
                 order = WindowOrder(
-                    plan.runs, shuffle=bool(self.shuffle), seed=self.seed,
+                    plan.runs, shuffle=self.choice.mode == "blocks", seed=self.seed,
                     block_rows=gather.pool.block_rows, total_rows=plan.total_rows,
-                    blocks_per_group=((lambda n: max(1, n)) if self.shuffle == "global"
-                                      else gather.blocks_per_group))
+                    blocks_per_group=gather.blocks_per_group)
                 norm = plan.normalizer() if self.normalize else None
                 self._local = _Local(gather, order, norm)
             return self._local
@@ -178,6 +194,12 @@ class WindowPyDataset(keras.utils.PyDataset):
         if not -n <= i < n:
             raise IndexError(f"batch {index} is out of range for {n} batches")
         i = i % n + self._first_batch
+        if self.choice.uniform:
+            uniform = self._uniform_batches()
+            if self._checked_epoch != self._epoch:  # a new epoch of a replaced store:
+                self.plan.guard.check()  # an error, even from rows already held
+                self._checked_epoch = self._epoch
+            return uniform.batch(uniform.order.epoch_key(self._epoch), i)
         local = self._process_local()
         order, parts = self._epoch_order(local), self.parts
         series = None

@@ -94,15 +94,22 @@ class StoreRows:
 @dataclass(frozen=True)
 class ReadPlan(StoreRows):
     """One split of a store, as its readers see it: the rows, and the split's
-    windows (or, sharded, those of shard ``shard[0]`` of ``shard[1]``)."""
+    windows (or, sharded, those of shard ``shard[0]`` of ``shard[1]``: its own
+    storage blocks' windows, or with ``dealt``, its share of each epoch's
+    uniform permutation of all the split's windows)."""
 
     split: str
     runs: WindowRuns
     shard: tuple[int, int] = (0, 1)
+    dealt: bool = False
 
     @property
     def num_windows(self) -> int:
-        return self.runs.total
+        """The windows an epoch of this plan (this shard) holds."""
+        if not self.dealt:
+            return self.runs.total
+        index, count = self.shard
+        return max(0, -(-(self.runs.total - index) // count))
 
     @property
     def num_blocks(self) -> int:
@@ -119,11 +126,7 @@ class ReadPlan(StoreRows):
         blocks = int(np.count_nonzero(self.windows_per_block()))
         return blocks * (self.block_rows + self.spec.span - 1) * self.row_bytes
 
-    def sharded(self, num_shards: int, shard_index: int) -> ReadPlan:
-        """Shard ``shard_index`` of ``num_shards``: the windows of its own storage
-        blocks (a contiguous run of blocks holding, to within one block's windows,
-        an even share), so that a shard reads only its blocks. Shards are disjoint and
-        cover the plan's windows exactly once."""
+    def _check_shard(self, num_shards: int, shard_index: int) -> tuple[int, int]:
         num_shards = check_int("num_shards", num_shards, 1)
         shard_index = check_int("shard_index", shard_index, 0)
         if shard_index >= num_shards:
@@ -131,6 +134,26 @@ class ReadPlan(StoreRows):
                                    f"{shard_index}")
         if self.shard != (0, 1):
             raise InvalidSpecError("this plan is already a shard; shard the whole split")
+        return num_shards, shard_index
+
+    def dealt_shard(self, num_shards: int, shard_index: int) -> ReadPlan:
+        """Shard ``shard_index`` of ``num_shards`` of a uniform shuffle: every
+        ``num_shards``-th position of each epoch's permutation of the whole
+        split, from ``shard_index`` on. Shards are disjoint, cover the split,
+        and each is uniform; each reads any of the split's rows."""
+        num_shards, shard_index = self._check_shard(num_shards, shard_index)
+        if self.runs.total < num_shards:
+            raise InvalidSpecError(
+                f"{self.path}: split {self.split!r} has {self.runs.total} windows, too few "
+                f"for {num_shards} shards (shard {shard_index} would hold none)")
+        return replace(self, shard=(shard_index, num_shards), dealt=True)
+
+    def sharded(self, num_shards: int, shard_index: int) -> ReadPlan:
+        """Shard ``shard_index`` of ``num_shards``: the windows of its own storage
+        blocks (a contiguous run of blocks holding, to within one block's windows,
+        an even share), so that a shard reads only its blocks. Shards are disjoint and
+        cover the plan's windows exactly once."""
+        num_shards, shard_index = self._check_shard(num_shards, shard_index)
         if num_shards == 1:
             return self
         counts = self.windows_per_block()

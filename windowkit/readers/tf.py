@@ -11,14 +11,17 @@ per batch.
    (:mod:`windowkit.readers._carry`, no ``rebatch``), then
    ``assert_cardinality`` -> ``prefetch`` (optionally onto a GPU).
 
-How it shuffles: each epoch permutes the blocks holding windows of the split,
-and the windows of ``shuffle_blocks`` blocks at a time are permuted together.
-When one group holds every block (small stores, or a large ``cache_bytes``),
-each epoch is a uniform permutation of the split.
+How it shuffles (:func:`windowkit.readers._global.choose_shuffle`): uniformly
+when asked (``"global"``) or when the split's rows fit the memory budget
+(:mod:`windowkit.readers._global`, random access); else block groups: each
+epoch permutes the blocks holding windows of the split, and the windows of
+``shuffle_blocks`` blocks at a time (as many as the budget holds) are
+permuted together.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -81,33 +84,41 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
 
 
 def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool | str, seed: int,
-               drop_remainder: bool, normalize: bool, shuffle_blocks: int | None,
-               cache_bytes: int, memory_budget: int, device: str | None = None,
+               drop_remainder: bool, normalize: bool, shuffle_blocks: int | None = None,
+               cache_bytes: int | None = None, memory_budget: int | None = None,
+               spill_dir: str | os.PathLike[str] | None = None, device: str | None = None,
                service: str | None = None, return_series: bool = False) -> tf.data.Dataset:
-    """The split's batches: groups of blocks in the sampler's order, then
-    windows cut in the graph; with ``shuffle="global"``, the split's rows held
-    in memory and each epoch a uniform permutation of its windows; with
-    ``service`` (a tf.data dispatcher's address), read by its workers.
-    ``return_series`` (or known-future columns) makes ``x`` a dict of parts."""
+    """The split's batches, shuffled as :func:`choose_shuffle` says: uniformly
+    (rows held once, batches gathered by random access), or groups of blocks
+    in the sampler's order with windows cut in the graph; with ``service`` (a
+    tf.data dispatcher's address), read by its workers. ``return_series`` (or
+    known-future columns) makes ``x`` a dict of parts."""
+    from windowkit.readers._global import choose_shuffle
+
     parts = plan.parts(return_series)
+    choice = choose_shuffle(plan, shuffle, memory_budget=memory_budget,
+                            cache_bytes=cache_bytes, shuffle_blocks=shuffle_blocks)
     if service is not None:
         from windowkit.readers._service import service_batches
 
         ds = service_batches(plan, service=service, batch_size=batch_size,
-                             shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
-                             normalize=normalize, cache_bytes=cache_bytes, parts=parts)
+                             shuffle="global" if shuffle == "global" else choice.mode != "ordered",
+                             seed=seed,
+                             drop_remainder=drop_remainder, normalize=normalize,
+                             cache_bytes=choice.cache_bytes, parts=parts)
         return ds if device is None else prefetch_to_device(ds, device)
-    if shuffle == "global":
+    if choice.uniform:
         from windowkit.readers._global import global_batches
 
         ds = global_batches(plan, batch_size=batch_size, seed=seed,
                             drop_remainder=drop_remainder, normalize=normalize,
-                            memory_budget=memory_budget, parts=parts)
+                            memory_budget=choice.memory_budget, parts=parts,
+                            spill_dir=spill_dir)
     else:
         from windowkit.readers._groups import block_groups
 
-        groups = block_groups(plan, shuffle=bool(shuffle), seed=seed,
-                              shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes,
+        groups = block_groups(plan, shuffle=choice.mode == "blocks", seed=seed,
+                              shuffle_blocks=shuffle_blocks, cache_bytes=choice.cache_bytes,
                               with_series=parts.series)
         ds = batches_from_groups(groups, plan, batch_size=batch_size,
                                  drop_remainder=drop_remainder, normalize=normalize,

@@ -22,6 +22,7 @@ import xxhash
 from windowkit._schema import MAX_STEP_ITEMS
 from windowkit.errors import SourceChangedError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, read_ranges, remote_errors, resolve
+from windowkit.sources._datasets import table_files
 from windowkit.sources._pins import check_regular, object_changed, remote_version
 
 SourceLike = str | os.PathLike[str] | np.ndarray | Sequence[Any] | Mapping[str, Any]
@@ -163,6 +164,8 @@ class ArraySeries:
 
     def __post_init__(self) -> None:
         where = self.where
+        if _is_pandas(self.array):  # a Series (or DataFrame) in a list or dict
+            self.array = _pandas_values(self.array, where)
         if not hasattr(self.array, "shape") or not hasattr(self.array, "dtype"):
             try:
                 self.array = np.asarray(self.array)
@@ -299,9 +302,8 @@ def _open_path(path: str) -> Series:
                           "expected .npy, .csv or .parquet")
     if not os.path.exists(path):
         raise SourceNotFoundError(f"{path}: no such file")
-    raise SourceError(
-        f"{path}: unsupported source type {suffix or '(no extension)'!r}; expected .npy"
-    )
+    raise SourceError(f"{path}: unsupported source type {suffix or '(no extension)'!r}; "
+                      "expected .npy files, or CSV or Parquet tables")
 
 
 def source_files(source: Any) -> list[str]:
@@ -311,7 +313,9 @@ def source_files(source: Any) -> list[str]:
         path = os.fspath(source)
         if is_url(path):
             return [path]
-        return sorted(globlib.glob(path)) if any(c in _GLOB_CHARS for c in path) else [path]
+        paths = sorted(globlib.glob(path)) if any(c in _GLOB_CHARS for c in path) else [path]
+        tables = table_files(paths) if any(os.path.isdir(p) for p in paths) else None
+        return list(tables.files) if tables is not None else paths
     if isinstance(source, np.memmap):
         return [str(source.filename)] if source.filename else []
     if isinstance(source, Mapping):
@@ -328,6 +332,8 @@ def open_sources(source: SourceLike) -> list[Series]:
         series = [_open_path(p) for p in _expand_path(os.fspath(source))]
     elif isinstance(source, np.ndarray):
         series = [ArraySeries("0", source)]
+    elif _is_pandas(source) and type(source).__name__ == "Series":
+        series = [ArraySeries(_series_name(source, "0"), source)]
     elif isinstance(source, Mapping):
         series = [ArraySeries(str(k), v) for k, v in source.items()]
     elif isinstance(source, Sequence):
@@ -336,13 +342,52 @@ def open_sources(source: SourceLike) -> list[Series]:
             paths = [p for s in items for p in _expand_path(os.fspath(s))]
             series = [_open_path(p) for p in paths]
         else:
-            series = [ArraySeries(str(i), a) for i, a in enumerate(items)]
+            series = [ArraySeries(k, a) for k, a in zip(_list_keys(items), items, strict=True)]
     else:
         raise SourceError(
             f"unsupported source of type {type(source).__name__}; expected a .npy path, "
-            "a glob or list of paths, an array, or a list/dict of arrays"
+            "a glob or list of paths, an array, a pandas Series or DataFrame, a CSV or "
+            "Parquet table, or a list/dict of arrays"
         )
     return check_consistent(series)
+
+
+def _is_pandas(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "pandas" and hasattr(value, "to_numpy")
+
+
+def _series_name(value: Any, default: str) -> str:
+    """A pandas Series' key: its name, else ``default``."""
+    name = getattr(value, "name", None)
+    return default if name is None else str(name)
+
+
+def _list_keys(items: list[Any]) -> list[str]:
+    """The keys of a list of series: their names when every one is a named
+    pandas Series (names unique), else their positions."""
+    names = [_series_name(a, "") if _is_pandas(a) and type(a).__name__ == "Series" else ""
+             for a in items]
+    if all(names) and len(set(names)) == len(names):
+        return names
+    return [str(i) for i in range(len(items))]
+
+
+def _pandas_values(value: Any, where: str) -> np.ndarray:
+    """A pandas Series' (or DataFrame's) values as an array: scalar steps, or
+    the steps its cells hold (arrays of one shape); nullable columns as floats
+    with NaN for the missing values."""
+    values = value.to_numpy()
+    if values.dtype != object:
+        return np.asarray(values)
+    try:
+        return np.asarray(value.to_numpy(dtype=np.float64, na_value=np.nan))
+    except (TypeError, ValueError):
+        pass
+    try:
+        return np.stack([np.asarray(v) for v in values]) if len(values) else values
+    except (TypeError, ValueError) as exc:
+        raise SourceError(f"{where}: its values are neither numbers nor arrays of one shape "
+                          f"({str(exc).splitlines()[0]})") from None
 
 
 def check_consistent(series: Iterable[Series]) -> list[Series]:

@@ -20,6 +20,7 @@ missed sample is a gap, a month of 30 days among months of 31 is not.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import hashlib
 import itertools
@@ -38,14 +39,23 @@ import pyarrow.compute as pc
 
 from windowkit.errors import DiskSpaceError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
+from windowkit.sources._datasets import TableFiles, dataset_batches, fingerprint, table_files
+from windowkit.sources._datasets import table_rows as dataset_rows
 from windowkit.sources._grouping import group_by_series, read_within
 from windowkit.sources._pins import check_regular
-from windowkit.sources._times import CLOCK_DIRECTIVES, parse_gap, time_unit, times_int64
+from windowkit.sources._times import (
+    CLOCK_DIRECTIVES,
+    float_times,
+    parse_gap,
+    time_unit,
+    times_int64,
+)
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
 _CSV_BLOCK_BYTES = 8 << 20
 _TIME_CHUNK = 1 << 20  # time differences examined at once
+_MISFIT = {True: "it overflows to infinity", False: "not a value of it"}
 _MAX_NAME = 256  # characters of a column name a store's manifest holds
 DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
@@ -62,6 +72,7 @@ class TableOptions:
     max_gap: str | int | None = None
     time_format: str | None = None  # strptime codes for a text time column
     static_columns: tuple[str, ...] | None = None  # one value per series, not features
+    dtype: str | None = None  # the values' dtype (cast, checked), else the columns' own
 
 
 def _suffix(path: str) -> str:
@@ -70,9 +81,14 @@ def _suffix(path: str) -> str:
 
 
 def is_table(source: Any) -> bool:
-    if isinstance(source, (str, os.PathLike)):
-        return _suffix(os.fspath(source)) in TABLE_SUFFIXES
-    return type(source).__name__ == "DataFrame" and hasattr(source, "columns")
+    """Whether ``source`` is a table: a CSV or Parquet file, several of them (a
+    list, a glob, a directory of parts: :mod:`._datasets`), or a DataFrame."""
+    if type(source).__name__ == "DataFrame" and hasattr(source, "columns"):
+        return True
+    if table_files(source) is not None:
+        return True
+    return isinstance(source, (str, os.PathLike)) and (
+        _suffix(os.fspath(source)) in TABLE_SUFFIXES)
 
 
 @dataclass
@@ -129,8 +145,11 @@ class _Stager:
     """Streams record batches of one table into the staging files."""
 
     def __init__(self, name: str, options: TableOptions, staging: Path, source_id: str,
-                 allow_missing: bool = False, origin: np.ndarray | None = None) -> None:
+                 allow_missing: bool = False, origin: np.ndarray | None = None,
+                 parts: list[tuple[int, str]] | None = None) -> None:
         self.name, self.options, self.source_id = name, options, source_id
+        self.parts = parts if parts is not None else []  # several files: first rows, paths
+        self.wide_key = Path(name).stem  # the key of the one series without a series column
         self.allow_missing = allow_missing  # empty values become NaN (nan="skip")
         self.origin = origin  # table row of each staged row, when the table was sorted
         # a DataFrame has no file to identify it: a digest of what is staged does
@@ -143,6 +162,7 @@ class _Stager:
         self.dtype: np.dtype | None = None
         self.unit: str = ""
         self.text_times = False  # a text time column, parsed with options.time_format
+        self.float_times = False  # a float time column: whole numbers only
         self.tz: str | None = None
         self.series: list[StagedSeries] = []
         self.seen: set[str] = set()
@@ -189,12 +209,16 @@ class _Stager:
         self.dtype = np.result_type(*kinds)
         if self.dtype.kind == "b":
             self.dtype = np.dtype(np.uint8)
+        if opts.dtype is not None:
+            self.dtype = np.dtype(opts.dtype)
         if opts.time_col is not None:
             kind = schema.field(opts.time_col).type
             self.text_times = pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
                 pa.types.is_integer(kind) and opts.time_format is not None)  # e.g. 20240131
+            self.float_times = pa.types.is_floating(kind) and not self.text_times
             if not self.text_times:
-                self.unit, self.tz = time_unit(kind)
+                self.unit, self.tz = time_unit(kind, f"{self.name}: time column "
+                                                     f"{opts.time_col!r}")
             elif opts.time_format:  # text without a format is refused at its first value
                 clock = any(code in opts.time_format for code in CLOCK_DIRECTIVES)
                 self.unit = "ns" if clock else "days"
@@ -236,23 +260,23 @@ class _Stager:
         for k, column in enumerate(self.static_names):
             part = batch.column(column).slice(lo, hi - lo)
             if part.null_count:
-                at = self._source_row(self.row + lo + _first_null(part))
-                raise SourceError(f"{self.name}: series {key!r}, row {at}, static column "
+                name, at = self._row_at(self.row + lo + _first_null(part))
+                raise SourceError(f"{name}: series {key!r}, row {at}, static column "
                                   f"{column!r} is empty")
             values = part.cast(pa.float64()).to_numpy(zero_copy_only=False)
             if not np.isfinite(values).all():
-                at = self._source_row(self.row + lo + int(np.flatnonzero(
+                name, at = self._row_at(self.row + lo + int(np.flatnonzero(
                     ~np.isfinite(values))[0]))
-                raise SourceError(f"{self.name}: series {key!r}, row {at}, static column "
+                raise SourceError(f"{name}: series {key!r}, row {at}, static column "
                                   f"{column!r} is NaN or infinite")
             assert self.current_static is not None
             if np.isnan(self.current_static[k]):
                 self.current_static[k] = values[0]
             changed = np.flatnonzero(values != self.current_static[k])
             if len(changed):
-                at = self._source_row(self.row + lo + int(changed[0]))
+                name, at = self._row_at(self.row + lo + int(changed[0]))
                 raise SourceError(
-                    f"{self.name}: series {key!r}, row {at}, static column {column!r}: "
+                    f"{name}: series {key!r}, row {at}, static column {column!r}: "
                     f"{values[changed[0]]:g} differs from the series' {self.current_static[k]:g}"
                     "; a static column must hold one value per series")
 
@@ -265,7 +289,7 @@ class _Stager:
         keys, cuts = self._series_runs(batch)
         times = self._times(batch)
         for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [n]]), strict=True):
-            key = str(keys[lo]) if keys is not None else Path(self.name).stem
+            key = str(keys[lo]) if keys is not None else self.wide_key
             if key != self.current:
                 self._start(key, self.row + int(lo))
             if self.static_names:
@@ -294,17 +318,42 @@ class _Stager:
                 hint = ("; --nan skip needs float feature columns" if self.allow_missing else
                         "; missing values are not allowed (--nan skip keeps the rows and "
                         "leaves out the windows touching them)")
-                raise SourceError(f"{self.name}: {self._series_at(batch, at)}row "
-                                  f"{self._source_row(self.row + at)}, "
+                where, row = self._row_at(self.row + at)
+                raise SourceError(f"{where}: {self._series_at(batch, at)}row {row}, "
                                   f"column {name!r} is missing (empty or NaN){hint}")
             if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
                     or pa.types.is_boolean(column.type)):
-                raise SourceError(f"{self.name}: column {name!r} is not numeric near row "
-                                  f"{self.row} ({column.type})")
+                where, row = self._row_at(self.row)
+                raise SourceError(f"{where}: column {name!r} is not numeric near row "
+                                  f"{row} ({column.type})")
             if column.null_count:  # allowed: NaN, and the windows touching it are skipped
                 column = column.cast(pa.float64()).fill_null(np.nan)
-            columns.append(column.to_numpy(zero_copy_only=False))
+            columns.append(self._cast(column.to_numpy(zero_copy_only=False), name, batch))
         return np.column_stack(columns).astype(self.dtype.newbyteorder("<"), copy=False)
+
+    def _cast(self, values: np.ndarray, column: str, batch: pa.RecordBatch) -> np.ndarray:
+        """A column's values in the ``dtype`` asked for, checked: a float value
+        that overflows to infinity, or one an integer dtype cannot hold, is an
+        error naming the column and row."""
+        if self.options.dtype is None or values.dtype == self.dtype:
+            return values
+        assert self.dtype is not None
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = values.astype(self.dtype)
+            wide = values.astype(np.float64)
+            if self.dtype.kind == "f":
+                bad = np.isinf(cast) & np.isfinite(wide)
+            else:
+                info = np.iinfo(self.dtype)
+                bad = ~np.isfinite(wide) | (wide != np.round(wide)) | (wide < info.min) | (
+                    wide > info.max)
+        if not bad.any():
+            return cast
+        at = int(np.flatnonzero(bad)[0])
+        where, row = self._row_at(self.row + at)
+        raise SourceError(f"{where}: {self._series_at(batch, at)}row {row}, column "
+                          f"{column!r}: {values[at].item()!r} does not fit --dtype {self.dtype} "
+                          f"({_MISFIT[self.dtype.kind == 'f']}); choose a wider --dtype")
 
     def _series_runs(self, batch: pa.RecordBatch) -> tuple[np.ndarray | None, np.ndarray]:
         """Each row's series key (None without a series column), and the rows
@@ -313,12 +362,13 @@ class _Stager:
             return None, np.empty(0, dtype=np.int64)
         keys = batch.column(self.options.series_col).cast(pa.string())
         if keys.null_count:
-            raise SourceError(f"{self.name}: row {self._source_row(self.row + _first_null(keys))}"
-                              f", series column {self.options.series_col!r} is empty")
+            where, row = self._row_at(self.row + _first_null(keys))
+            raise SourceError(f"{where}: row {row}, series column "
+                              f"{self.options.series_col!r} is empty")
         blank = pc.equal(pc.utf8_trim_whitespace(keys), "").to_numpy(zero_copy_only=False)
         if blank.any():
-            at = self._source_row(self.row + int(np.flatnonzero(blank)[0]))
-            raise SourceError(f"{self.name}: row {at}, series column "
+            where, at = self._row_at(self.row + int(np.flatnonzero(blank)[0]))
+            raise SourceError(f"{where}: row {at}, series column "
                               f"{self.options.series_col!r} is empty; every row needs a "
                               "series id")
         values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
@@ -330,8 +380,11 @@ class _Stager:
             return None
         column = batch.column(self.options.time_col)
         if column.null_count:
-            raise SourceError(f"{self.name}: row {self._source_row(self.row + _first_null(column))}"
-                              f", time column {self.options.time_col!r} is empty")
+            where, row = self._row_at(self.row + _first_null(column))
+            raise SourceError(f"{where}: row {row}, time column {self.options.time_col!r} "
+                              "is empty")
+        if self.float_times:
+            return float_times(column, self._row_text, self.options.time_col)
         if self.text_times:
             column = self._parse_text_times(column)
         return times_int64(column, self.unit)
@@ -348,14 +401,28 @@ class _Stager:
         parsed = pc.strptime(column, format=time_format, unit="ns", error_is_null=True)
         if parsed.null_count:
             at = int(np.flatnonzero(parsed.is_null().to_numpy(zero_copy_only=False))[0])
-            raise SourceError(f"{self.name}: row {self._source_row(self.row + at)}, time "
-                              f"{column[at].as_py()!r} does not match --time-format "
-                              f"{time_format!r}")
+            where, row = self._row_at(self.row + at)
+            raise SourceError(f"{where}: row {row}, time {column[at].as_py()!r} does not "
+                              f"match --time-format {time_format!r}")
         return parsed
 
     def _source_row(self, position: int) -> int:
         """The table row (as the user counts, from 0) of staged ``position``."""
         return position if self.origin is None else int(self.origin[position])
+
+    def _row_at(self, position: int) -> tuple[str, int]:
+        """The file and its row (from 0) of staged ``position``: for several
+        files, the one holding it; else the table and its row."""
+        row = self._source_row(position)
+        if not self.parts:
+            return self.name, row
+        first, path = self.parts[bisect.bisect_right([p[0] for p in self.parts], row) - 1]
+        return path, row - first
+
+    def _row_text(self, at: int) -> str:
+        """``file: row N`` of the current batch's row ``at``."""
+        where, row = self._row_at(self.row + at)
+        return f"{where}: row {row}"
 
     def _series_at(self, batch: pa.RecordBatch, at: int) -> str:
         if self.options.series_col is None:
@@ -368,9 +435,11 @@ class _Stager:
 
     def _start(self, key: str, row: int) -> None:
         if key in self.seen:
+            where, at = self._row_at(row)
             raise NotInOrderError(
                 f"{self.name}: rows of series {key!r} are not grouped together (it appears "
-                f"again at row {self._source_row(row)}); {self._sort_hint()}")
+                f"again at {'' if where == self.name else where + ', '}row {at}); "
+                f"{self._sort_hint()}")
         self._finish()
         self.seen.add(key)
         if self.digest is not None:
@@ -385,10 +454,11 @@ class _Stager:
         current = times if self.last_time is not None else times[1:]
         bad = np.flatnonzero(current <= previous)
         if len(bad):
-            at = self._source_row(row + int(bad[0]) + (0 if self.last_time is not None else 1))
+            where, at = self._row_at(row + int(bad[0]) + (0 if self.last_time is not None
+                                                         else 1))
             what = "repeats" if current[bad[0]] == previous[bad[0]] else "goes back from"
             raise SourceError(
-                f"{self.name}: series {self.current!r}, row {at}: time {what} the previous "
+                f"{where}: series {self.current!r}, row {at}: time {what} the previous "
                 f"row's; times must strictly increase within a series")
         if len(times):
             self.last_time = int(times[-1])
@@ -450,8 +520,14 @@ class _Stager:
         return self.series
 
 
-def _batches(source: Any, name: str, needed: list[str] | None) -> Iterator[pa.RecordBatch]:
-    """The table's record batches, streamed."""
+def _batches(source: Any, name: str, needed: list[str] | None,
+             parts: list[tuple[int, str]]) -> Iterator[pa.RecordBatch]:
+    """The table's record batches, streamed (several files: file after file,
+    each one's first row recorded in ``parts``)."""
+    if isinstance(source, TableFiles):
+        parts.clear()
+        yield from dataset_batches(source, needed, parts)
+        return
     if not isinstance(source, (str, os.PathLike)):
         table = pa.Table.from_pandas(source, preserve_index=False)
         yield from table.to_batches(_BATCH_ROWS)
@@ -487,6 +563,8 @@ def _identify(source: Any) -> tuple[str, str]:
     """How messages name the table, and what identifies its content for resuming
     (a file's path, size and time; a DataFrame's is a digest of its rows, see
     :meth:`_Stager.close`)."""
+    if isinstance(source, TableFiles):
+        return source.name, fingerprint(source)
     if not isinstance(source, (str, os.PathLike)):
         return "DataFrame", ""
     path = os.fspath(source)
@@ -509,7 +587,13 @@ def estimate_staged_bytes(source: Any, options: TableOptions) -> int:
     staged values and times (8 bytes each) and the store's rows (a little more
     than the values). Parquet files and DataFrames know their rows; a CSV file's
     are extrapolated from its first block."""
-    if not isinstance(source, (str, os.PathLike)):
+    source = table_files(source) or source
+    if isinstance(source, TableFiles):
+        try:
+            rows, columns = dataset_rows(source)
+        except (OSError, ValueError, StopIteration, WindowkitError):
+            return 0  # staging says why
+    elif not isinstance(source, (str, os.PathLike)):
         rows, columns = len(source), len(source.columns)
     else:
         path = os.fspath(source)
@@ -586,21 +670,29 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
     ``sort_memory`` bytes, and its rows grouped by series (series in order of
     first appearance, each series' rows in table order); else it is refused.
     """
+    source = table_files(source) or source
     name, source_id = _identify(source)
     needed = None
     if options.columns:
         needed = [c for c in (options.series_col, options.time_col, *options.columns,
                               *(options.static_columns or ())) if c]
+    parts: list[tuple[int, str]] = []
+
+    def stager(origin: np.ndarray | None = None) -> _Stager:
+        staged = _Stager(name, options, staging, source_id, allow_missing, origin, parts)
+        if isinstance(source, TableFiles):
+            staged.wide_key = source.key
+        return staged
+
     try:
-        return _stage(_batches(source, name, needed),
-                      _Stager(name, options, staging, source_id, allow_missing), name)
+        return _stage(_batches(source, name, needed, parts), stager(), name)
     except NotInOrderError as refusal:
         if sort_memory <= 0:
             raise
-        table = read_within(_batches(source, name, needed), needed, sort_memory, refusal)
+        table = read_within(_batches(source, name, needed, parts), needed, sort_memory,
+                            refusal)
     assert options.series_col is not None  # only grouping is ever out of order
     log.info("%s: rows of each series are not together; grouping them in memory (%.0f MiB)",
              name, table.nbytes / 2**20)
     grouped, origin = group_by_series(table, options.series_col, _BATCH_ROWS)
-    return _stage(grouped, _Stager(name, options, staging, source_id, allow_missing,
-                                   origin=origin), name)
+    return _stage(grouped, stager(origin), name)

@@ -8,6 +8,7 @@ integers. Text times are parsed with strptime codes (``--time-format``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -84,14 +85,34 @@ def _duration(text: str, unit: str) -> int:
     return nanoseconds // _DAY_NS
 
 
-def time_unit(kind: pa.DataType) -> tuple[str, str | None]:
+def time_unit(kind: pa.DataType, where: str = "time column") -> tuple[str, str | None]:
+    """The int64 unit of a time column of type ``kind`` and its time zone; a
+    float column holds plain numbers (whole ones: :func:`float_times`)."""
     if pa.types.is_timestamp(kind):
         return "ns", kind.tz
     if pa.types.is_date(kind):
         return "days", None
-    if pa.types.is_integer(kind):
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return "", None
-    raise SourceError(f"time column has type {kind}; expected integers, dates or timestamps")
+    raise SourceError(f"{where} has type {kind}; expected integers, dates or timestamps "
+                      "(text times need --time-format)")
+
+
+def float_times(column: pa.Array, where: Callable[[int], str], name: str | None) -> np.ndarray:
+    """A float time column's values as int64: whole numbers (``1700.0``, as
+    many exports write years) are taken as integers; anything else is an error
+    naming the column and ``where(row)``, saying how to cast it."""
+    values = column.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values != np.floor(values)) | (np.abs(values) >= 2.0**63)
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        raise SourceError(
+            f"{where(at)}, time column {name!r} holds {values[at].item()!r}, not a whole number; "
+            "times must be integers, dates or timestamps: cast the column first (pandas: "
+            f"frame[{name!r}] = frame[{name!r}].round().astype('int64'), or "
+            f"pd.to_datetime(frame[{name!r}], unit='s') for seconds)")
+    return values.astype(np.int64)
 
 
 def times_int64(column: pa.Array, unit: str) -> np.ndarray:

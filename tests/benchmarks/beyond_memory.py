@@ -1,0 +1,180 @@
+"""Uniform shuffling beyond memory, side by side in one run (``make bench``).
+
+A 20-series store of 512 MiB of rows (uncompressed; column 0 of every row
+holds its global row number, so a batch says which windows it holds), read
+for one epoch, each reading in its own process:
+
+- ``in memory``: ``shuffle="global"`` with a budget that holds the split;
+- ``spilled, warm``: ``shuffle="global"`` with ``memory_budget=128 MiB``: the
+  rows spilled to local disk, read by random access from the page cache;
+- ``spilled, cold``: the same, the spill dropped from the page cache first;
+- ``block groups``: ``shuffle="blocks"`` at the default budget.
+
+Each reports windows/s, peak RSS over the import baseline, whether every
+window came exactly once, and distinct series and distinct (series, row
+bucket) per batch next to a uniform permutation of the same windows.
+
+    python -m tests.benchmarks.beyond_memory [--mib 512] [--formats zarr tfrecord]
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.benchmarks.benchmark import OUT, _run_child, _save
+
+SERIES, FEATURES, LENGTH, BATCH = 20, 16, 32, 256
+BUDGET = 128 << 20
+BUCKET_ROWS = 4096  # the rows of one "row bucket" of a series
+MODES = ("in memory", "spilled, warm", "spilled, cold", "block groups")
+
+
+def make_source(directory: Path, mib: int) -> int:
+    """``SERIES`` .npy files of float32 rows, ``mib`` MiB in all, column 0 the
+    row's global number (exact in float32 below 2**24 rows); returns rows per series."""
+    rows = (mib << 20) // (SERIES * FEATURES * 4)
+    if SERIES * rows >= 2**24:
+        raise SystemExit("too many rows for float32 row numbers")
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for s in range(SERIES):
+        path = directory / f"s{s:02d}.npy"
+        if path.exists():
+            continue
+        out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
+                                        shape=(rows, FEATURES))
+        out[:] = rng.standard_normal((rows, FEATURES), dtype=np.float32)
+        out[:, 0] = np.arange(s * rows, (s + 1) * rows, dtype=np.float32)
+        out.flush()
+        del out
+    return rows
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return float(psutil.Process().memory_info().rss) / 2**20
+
+
+class PeakRss:
+    """The highest RSS seen while open, sampled every 5 ms on a thread."""
+
+    def __init__(self) -> None:
+        self.peak_mb = _rss_mb()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak_mb = max(self.peak_mb, _rss_mb())
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return max(self.peak_mb, _rss_mb())
+
+
+def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
+    """One epoch of ``mode`` (one of :data:`MODES`); what it held and mixed."""
+    import tensorflow as tf
+
+    import windowkit as wk
+    from windowkit.readers._global import uniform_dataset, uniform_source
+
+    tf.constant(0)  # the runtime loaded: the baseline includes it
+    store = wk.open_store(store_path)
+    baseline, start = _rss_mb(), time.perf_counter()
+    watch = PeakRss()
+    if mode == "block groups":
+        ds = store.tf_dataset("train", BATCH, shuffle="blocks", seed=0)
+    else:
+        plan = store.read_plan("train")
+        budget = BUDGET if mode.startswith("spilled") else 4 * plan.rows_bytes()
+        source = uniform_source(plan, batch_size=BATCH, seed=0, normalize=False,
+                                memory_budget=budget, parts=plan.parts(False))
+        if mode == "spilled, cold":
+            source.held.evict()
+        ds = uniform_dataset(source, seed=0, drop_remainder=False)
+    build = time.perf_counter() - start
+    firsts, start = [], time.perf_counter()
+    for x in ds:
+        firsts.append(np.array(x[:, 0, 0]))  # a copy: a view would keep the batch
+    seconds = time.perf_counter() - start
+    peak = watch.stop()
+    rows = np.concatenate(firsts).astype(np.int64)
+    runs = store.runs("train")
+    expected = np.sort(runs.global_starts(np.arange(runs.total)))
+    return {"windows": len(rows), "seconds": seconds, "windows_s": len(rows) / seconds,
+            "build_s": build, "baseline_mb": baseline, "peak_over_mb": peak - baseline,
+            "exactly_once": bool(np.array_equal(np.sort(rows), expected)),
+            **_mixing(rows, store.series_table.column("row_offset").to_numpy())}
+
+
+def _mixing(rows: np.ndarray, offsets: np.ndarray) -> dict[str, float]:
+    """Mean distinct series and (series, row bucket) per full batch, and the same
+    for a uniform permutation of these windows."""
+    def distinct(ids: np.ndarray) -> float:
+        full = ids[: len(ids) // BATCH * BATCH].reshape(-1, BATCH)
+        return float(np.mean((np.diff(np.sort(full, axis=1), axis=1) != 0).sum(axis=1) + 1))
+
+    def both(starts: np.ndarray) -> tuple[float, float]:
+        series = np.searchsorted(offsets, starts, side="right") - 1
+        bucket = series * 10**6 + (starts - offsets[series]) // BUCKET_ROWS
+        return distinct(series), distinct(bucket)
+
+    got = both(rows)
+    uniform = both(rows[np.random.default_rng(1).permutation(len(rows))])
+    return {"series": got[0], "buckets": got[1], "uniform_series": uniform[0],
+            "uniform_buckets": uniform[1]}
+
+
+def run(mib: int, formats: list[str]) -> None:
+    source = OUT / f"beyond-src-{mib}"
+    rows = make_source(source, mib)
+    figures: dict[str, Any] = {"mib": mib, "budget_mib": BUDGET >> 20, "series": SERIES,
+                               "rows_per_series": rows, "features": FEATURES,
+                               "length": LENGTH, "batch": BATCH, "formats": {}}
+    print(f"data: {SERIES} series x {rows:,} rows x {FEATURES} float32 ({mib} MiB), "
+          f"uncompressed; L={LENGTH}, batch {BATCH}; spilled: memory_budget="
+          f"{BUDGET >> 20} MiB")
+    print(f"{'store / mode':<28}{'windows/s':>11}{'vs memory':>11}{'build':>8}"
+          f"{'peak+':>9}{'once':>6}{'series':>15}{'buckets':>17}")
+    for fmt in formats:
+        store = OUT / f"beyond-{fmt}-{mib}"
+        if not (store / "windowkit.json").exists():
+            _run_child("convert_plain", str(source / "*.npy"), str(store), fmt)
+        results = {mode: _best(str(store), mode) for mode in MODES}
+        figures["formats"][fmt] = results
+        base = results["in memory"]["windows_s"]
+        for mode, r in results.items():
+            print(f"{fmt + ' ' + mode:<28}{r['windows_s']:>11,.0f}{r['windows_s'] / base:>10.2f}x"
+                  f"{r['build_s']:>7.1f}s{r['peak_over_mb']:>6.0f} MB{r['exactly_once']!s:>6}"
+                  f"{r['series']:>7.1f} of {r['uniform_series']:.1f}"
+                  f"{r['buckets']:>8.1f} of {r['uniform_buckets']:.1f}")
+    print(f"bar (spilled, warm): >= 0.5x in memory; peak+ <= {(BUDGET >> 20) + 256} MB; "
+          "mixing >= 90% of uniform; exactly once")
+    _save("beyond", **figures)
+
+
+def _best(store: str, mode: str, rounds: int = 1) -> dict[str, Any]:
+    runs = [_run_child("beyond_epoch", store, mode) for _ in range(rounds)]
+    return max(runs, key=lambda r: r["windows_s"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.beyond_memory")
+    parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--formats", nargs="+", default=["zarr", "tfrecord", "parquet"])
+    args = parser.parse_args(argv)
+    run(args.mib, args.formats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Uniform shuffling at any size: in memory, spilled beyond the memory budget,
+the default ``shuffle=True``, dealt shards; both readers, every format,
+against the NumPy oracle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import windowkit as wk
+from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
+from windowkit.errors import InvalidSpecError
+from windowkit.index import WindowRuns
+from windowkit.readers._global import choose_shuffle, uniform_source
+from windowkit.readers._random import (
+    BUDGET_CAP,
+    BUDGET_FLOOR,
+    UniformOrder,
+    default_memory_budget,
+)
+
+SPEC = wk.WindowSpec(length=6, horizon=2, stride=2)
+TINY = 4096  # bytes: far below any test store's rows, so they are spilled
+
+
+def _numbered(lengths: list[int], features: int = 3) -> list[np.ndarray]:
+    """Series whose rows are unique: column 0 is the global row number."""
+    out, first = [], 0
+    for n in lengths:
+        rows = np.random.default_rng(n).standard_normal((n, features)).astype(np.float32)
+        rows[:, 0] = np.arange(first, first + n)
+        out.append(rows)
+        first += n
+    return out
+
+
+@pytest.fixture
+def numbered_store(fmt: str, tmp_path: Path) -> tuple[wk.Store, list[np.ndarray]]:
+    series = _numbered([700, 530, 910, 410])
+    return wk.convert(series, tmp_path / "s", format=fmt, window=SPEC, block_rows=64), series
+
+
+def _keras_epoch(ds: wk.readers.keras.WindowPyDataset) -> tuple[np.ndarray, np.ndarray]:
+    batches = [ds[i] for i in range(len(ds))]
+    return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+
+
+@pytest.mark.parametrize("budget", [None, TINY], ids=["in-memory", "spilled"])
+def test_every_window_exactly_once_each_epoch(numbered_store: tuple[wk.Store, list[np.ndarray]],
+                                              budget: int | None) -> None:
+    """Both readers: each epoch holds the oracle's windows exactly once, in a new order."""
+    store, series = numbered_store
+    expected_x, expected_y = oracle_windows(series, SPEC)
+    ds = store.tf_dataset("train", 37, shuffle="global", seed=3, memory_budget=budget)
+    first, second = collect_epoch(ds), collect_epoch(ds)
+    for x, y in (first, second):
+        assert_windows_equal(x, y, expected_x, expected_y, in_order=False)
+    assert not np.array_equal(first[0], second[0])  # a new permutation each iteration
+    keras_ds = store.keras_dataset("train", 37, shuffle="global", seed=3, memory_budget=budget)
+    x, y = _keras_epoch(keras_ds)
+    assert_windows_equal(x, y, expected_x, expected_y, in_order=False)
+    keras_ds.on_epoch_end()
+    assert not np.array_equal(x, _keras_epoch(keras_ds)[0])
+
+
+def test_spilled_equals_in_memory(numbered_store: tuple[wk.Store, list[np.ndarray]]) -> None:
+    """The same seed gives the same batches whether the rows are held in memory
+    or spilled; the Keras reader gives the same batches as tf.data's first epoch
+    when both use the same permutation key."""
+    store, _ = numbered_store
+    plan = store.read_plan("train")
+    held = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=1 << 30,
+                          parts=plan.parts(True))
+    spilled = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=TINY,
+                             parts=plan.parts(True))
+    assert not held.held.spilled and spilled.held.spilled
+    for index in (0, 3, -(-plan.num_windows // 50) - 1):
+        a, b = held.batch(99, index), spilled.batch(99, index)
+        np.testing.assert_array_equal(a[1], b[1])
+        for key in ("inputs", "series"):
+            np.testing.assert_array_equal(a[0][key], b[0][key])
+
+
+def test_spill_is_private_and_checked(numbered_store: tuple[wk.Store, list[np.ndarray]],
+                                      tmp_path: Path) -> None:
+    """A spill leaves no file a path reaches; a missing spill_dir is one line."""
+    store, _ = numbered_store
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    ds = store.tf_dataset("train", 64, shuffle="global", memory_budget=TINY, spill_dir=spill)
+    next(iter(ds))
+    assert os.listdir(spill) == []
+    with pytest.raises(InvalidSpecError, match=r"spill_dir .* is not a directory"):
+        store.tf_dataset("train", 64, shuffle="global", memory_budget=TINY,
+                         spill_dir=tmp_path / "missing")
+
+
+def test_normalized_dict_batches_match_random_access(
+        numbered_store: tuple[wk.Store, list[np.ndarray]]) -> None:
+    """Spilled, normalized dict batches equal Store.windows at the same windows."""
+    store, _ = numbered_store
+    plan = store.read_plan("train")
+    source = uniform_source(plan, batch_size=40, seed=5, normalize=True, memory_budget=TINY,
+                            parts=plan.parts(True))
+    key = source.order.epoch_key(1)
+    starts, _ = source.order.starts(key, 40, 80)  # batch 1
+    every = plan.runs.global_starts(np.arange(plan.num_windows))  # ascending
+    positions = np.searchsorted(every, starts)
+    expected_x, expected_y = store.windows("train", positions, normalize=True,
+                                           return_series=True)
+    got_x, got_y = source.batch(key, 1)
+    assert set(got_x) == {"inputs", "series"}
+    np.testing.assert_allclose(got_x["inputs"], expected_x["inputs"], rtol=1e-6)
+    np.testing.assert_array_equal(got_x["series"], expected_x["series"])
+    np.testing.assert_allclose(got_y, expected_y, rtol=1e-6)
+
+
+def test_default_mixes_every_series(fmt: str, tmp_path: Path) -> None:
+    """The default shuffle=True on a split that fits the budget is uniform: a
+    batch of 256 holds (nearly) every one of 20 series."""
+    series = _numbered([1000] * 20, features=2)
+    store = wk.convert(series, tmp_path / "s", format=fmt, window=16, block_rows=128)
+    assert choose_shuffle(store.read_plan("train"), True).uniform
+    counts = []
+    for batch in store.tf_dataset("train", 256, seed=0, drop_remainder=True):
+        rows = batch.numpy()[:, 0, 0].astype(np.int64)
+        counts.append(len(np.unique(rows // 1000)))
+    assert np.mean(counts) >= 18
+
+
+def test_true_beyond_budget_is_block_groups(numbered_store: tuple[wk.Store, list[np.ndarray]]
+                                            ) -> None:
+    """shuffle=True with a split larger than the budget reads block groups (still
+    every window once); shuffle='blocks' asks for them at any size."""
+    store, series = numbered_store
+    plan = store.read_plan("train")
+    assert choose_shuffle(plan, True, memory_budget=TINY).mode == "blocks"
+    assert choose_shuffle(plan, "blocks").mode == "blocks"
+    assert choose_shuffle(plan, False).mode == "ordered"
+    expected_x, expected_y = oracle_windows(series, SPEC)
+    x, y = collect_epoch(store.tf_dataset("train", 50, memory_budget=TINY))
+    assert_windows_equal(x, y, expected_x, expected_y, in_order=False)
+
+
+@pytest.mark.parametrize("reader", ["tf", "keras"])
+def test_dealt_shards_are_disjoint_uniform_and_cover(
+        numbered_store: tuple[wk.Store, list[np.ndarray]], reader: str) -> None:
+    """Three shards of a uniform shuffle: disjoint, together every window, and each
+    draws from every series (not a run of blocks)."""
+    store, series = numbered_store
+    expected_x, expected_y = oracle_windows(series, SPEC)
+    xs, ys = [], []
+    for index in range(3):
+        if reader == "tf":
+            x, y = collect_epoch(store.tf_dataset("train", 32, shuffle="global",
+                                                  memory_budget=TINY, seed=2, num_shards=3,
+                                                  shard_index=index))
+        else:
+            x, y = _keras_epoch(store.keras_dataset("train", 32, shuffle="global", seed=2,
+                                                    num_shards=3, shard_index=index))
+        first_rows = x[:, 0, 0].astype(np.int64)
+        offsets = np.cumsum([0] + [len(s) for s in series])
+        assert len(np.unique(np.searchsorted(offsets, first_rows, side="right"))) == 4
+        xs.append(x)
+        ys.append(y)
+    assert_windows_equal(np.concatenate(xs), np.concatenate(ys), expected_x, expected_y,
+                         in_order=False)
+
+
+def test_keras_resumes_mid_epoch_in_uniform_mode(
+        numbered_store: tuple[wk.Store, list[np.ndarray]]) -> None:
+    store, _ = numbered_store
+    ds = store.keras_dataset("train", 30, shuffle="global", memory_budget=TINY, seed=4)
+    ds.seek(2)
+    whole = [ds[i][0] for i in range(len(ds))]
+    ds.seek(2, 5)
+    rest = [ds[i][0] for i in range(len(ds))]
+    assert len(rest) == len(whole) - 5
+    for a, b in zip(whole[5:], rest, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(total=st.integers(1, 3000), shards=st.integers(1, 7), seed=st.integers(0, 2**31),
+       epoch=st.integers(0, 5))
+def test_dealt_order_is_a_permutation(total: int, shards: int, seed: int, epoch: int) -> None:
+    """The shards' epoch positions together are every window exactly once."""
+    shards = min(shards, total)
+    runs = WindowRuns(series=np.array([0, 1], dtype=np.int32),
+                      first=np.array([0, 1], dtype=np.int64),
+                      count=np.array([total // 2, total - total // 2], dtype=np.int64),
+                      stride=3, row_offset=np.array([0, 10 * total], dtype=np.int64))
+    seen = []
+    for index in range(shards):
+        order = UniformOrder(runs, seed=seed, shard=(index, shards))
+        starts, _ = order.starts(order.epoch_key(epoch), 0, order.total)
+        seen.append(starts)
+    every = runs.global_starts(np.arange(total))
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.sort(every))
+
+
+def test_default_budget_is_bounded() -> None:
+    assert BUDGET_FLOOR <= default_memory_budget() <= BUDGET_CAP

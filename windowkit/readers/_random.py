@@ -1,0 +1,301 @@
+"""Uniform shuffling by random access: every window of a split, any order.
+
+:class:`HeldRows` holds, once, the rows a split's windows need: the storage
+blocks where they start, each followed by its halo (runs of neighbouring
+blocks share their rows). They are read block group by block group through
+the format's checked row reader, into memory when they fit the memory budget,
+else into a private file on local disk (opened unlinked, so no path reaches
+it; see :func:`spill_directory`), memory-mapped and left to the page cache.
+A batch is then one NumPy fancy index over a strided view of those rows (a
+copy of ``B`` contiguous row ranges that releases the interpreter lock), with
+no Python per window.
+
+:class:`UniformOrder` says which windows a batch holds: batch ``b`` of an
+epoch holds the windows at epoch positions ``b*B .. b*B+B-1`` of a keyed
+bijection of the split's windows (:mod:`windowkit.permutation`), a new key
+each epoch; nothing is materialized, and an iterator's position is all its
+state. Sharded, the one permutation is dealt out (shard ``i`` of ``n`` takes
+epoch positions ``i, i+n, ...``): shards are disjoint and each is uniform.
+:class:`UniformBatches` puts the two together for both readers.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import psutil
+
+from windowkit._progress import human_size
+from windowkit.errors import InvalidSpecError
+from windowkit.index import WindowRuns
+from windowkit.permutation import GOLDEN, KeyedPermutations, mix
+from windowkit.readers._parts import BatchParts
+from windowkit.readers.plan import ReadPlan
+from windowkit.stats import Normalizer
+from windowkit.windows import take_windows, window_views
+
+SPILL_DIR_ENV = "WINDOWKIT_SPILL_DIR"
+LOAD_BYTES = 32 << 20  # rows read at once while loading (two such reads in flight)
+#: mapped pages of a spill are dropped from the process after this many bytes
+#: gathered (they stay in the page cache), so that its resident memory stays bounded
+RELEASE_BYTES = 64 << 20
+BUDGET_SHARE = 4  # the default memory budget: a quarter of the available memory ...
+BUDGET_CAP = 16 << 30  # ... at most this
+BUDGET_FLOOR = 256 << 20  # ... at least this
+
+
+def default_memory_budget() -> int:
+    """Bytes of rows a reader may hold when not told: a quarter of the memory
+    available now, between 256 MiB and 16 GiB."""
+    available = int(psutil.virtual_memory().available)
+    return int(min(BUDGET_CAP, max(BUDGET_FLOOR, available // BUDGET_SHARE)))
+
+
+def spill_directory(spill_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where rows beyond the memory budget go: ``spill_dir``, else
+    ``$WINDOWKIT_SPILL_DIR``, else the system's temporary directory unless it
+    is held in memory (tmpfs), then ``~/.cache/windowkit``."""
+    chosen = spill_dir if spill_dir is not None else os.environ.get(SPILL_DIR_ENV)
+    if chosen:
+        path = Path(chosen).expanduser()
+        if not path.is_dir():
+            raise InvalidSpecError(f"spill_dir {str(path)!r} is not a directory")
+        return path
+    temp = Path(tempfile.gettempdir())
+    if _filesystem_type(temp) not in ("tmpfs", "ramfs"):
+        return temp
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "windowkit"
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+def _filesystem_type(path: Path) -> str:
+    """The type of the file system holding ``path`` (its longest mount point)."""
+    resolved, best, kind = str(path.resolve()), "", ""
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint.rstrip("/") + "/"
+        if (resolved + "/").startswith(mount) and len(mount) > len(best):
+            best, kind = mount, part.fstype
+    return kind
+
+
+@dataclass(frozen=True)
+class RowsLayout:
+    """Where the rows of a plan's blocks go in the held rows.
+
+    ``loads`` are the reads, each a run of blocks (ascending) read with one
+    call, whose rows land at ``[base, base + rows)``; ``block_base[b]`` is
+    where block ``b``'s first row lands (-1: not held)."""
+
+    loads: list[tuple[np.ndarray, int, int]]  # (blocks, base, rows)
+    block_base: np.ndarray
+    total_rows: int
+
+    @classmethod
+    def of(cls, plan: ReadPlan) -> RowsLayout:
+        size, halo = plan.block_rows, plan.spec.span - 1
+        blocks = np.flatnonzero(plan.windows_per_block()).astype(np.int64)
+        per_load = max(1, LOAD_BYTES // max(1, (size + halo) * plan.row_bytes))
+        loads: list[tuple[np.ndarray, int, int]] = []
+        base = 0
+        for lo in range(0, len(blocks), per_load):
+            part = blocks[lo:lo + per_load]
+            breaks = np.flatnonzero(np.diff(part) != 1) + 1
+            firsts = part[np.concatenate([[0], breaks])]
+            lasts = part[np.concatenate([breaks - 1, [len(part) - 1]])]
+            rows = int(np.sum(np.minimum(plan.total_rows, (lasts + 1) * size + halo)
+                              - firsts * size))
+            loads.append((part, base, rows))
+            base += rows
+        return cls(loads, np.full(plan.num_blocks, -1, dtype=np.int64), base)
+
+
+class HeldRows:
+    """The rows of a split's windows, held once: in memory, or spilled to a
+    private memory-mapped file. ``windows(starts)`` cuts a batch."""
+
+    def __init__(self, plan: ReadPlan, *, memory_budget: int,
+                 spill_dir: str | os.PathLike[str] | None = None) -> None:
+        layout = RowsLayout.of(plan)
+        self.block_rows = plan.block_rows
+        self.block_base = layout.block_base
+        self.nbytes = layout.total_rows * plan.row_bytes
+        self.spilled = self.nbytes > memory_budget
+        self._file: IO[bytes] | None = None
+        self._map: mmap.mmap | None = None
+        self._gathered = 0
+        self._lock = threading.Lock()
+        shape = (layout.total_rows, *plan.step_shape)
+        if self.spilled:
+            self._file = file = _spill_file(plan, self.nbytes, spill_dir)
+            _load(plan, layout, lambda base, part: file.write(part.data.cast("B")))
+            file.flush()
+            self._map = mmap.mmap(file.fileno(), max(1, self.nbytes), prot=mmap.PROT_READ)
+            rows = np.frombuffer(self._map, dtype=plan.dtype,
+                                 count=layout.total_rows * _cells(plan)).reshape(shape)
+        else:
+            rows = np.empty(shape, dtype=plan.dtype)
+
+            def put(base: int, part: np.ndarray) -> None:
+                rows[base:base + len(part)] = part
+
+            _load(plan, layout, put)
+        self.rows = rows
+        self._views = window_views(rows, plan.spec)
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("HeldRows holds a split's rows and does not pickle; pickle the plan")
+
+    def windows(self, starts: np.ndarray, targets: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(x, horizon)`` of the windows starting at global rows ``starts``."""
+        block = starts // self.block_rows
+        at = self.block_base[block] + (starts - block * self.block_rows)
+        x, horizon = take_windows(self._views, at, targets)
+        if self._map is not None:
+            self._count(x.nbytes + (0 if horizon is None else horizon.nbytes))
+        return x, horizon
+
+    def _count(self, nbytes: int) -> None:
+        """Drop the spill's mapped pages from this process every RELEASE_BYTES
+        gathered (a concurrent gather faults them in again from the page cache)."""
+        with self._lock:
+            self._gathered += nbytes
+            if self._gathered < RELEASE_BYTES:
+                return
+            self._gathered = 0
+        assert self._map is not None
+        self._map.madvise(mmap.MADV_DONTNEED)
+
+    def evict(self) -> None:
+        """Drop a spill from the page cache too (the next epoch reads it from
+        disk: what ``bench`` measures as cold)."""
+        if self._file is not None and self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
+            os.posix_fadvise(self._file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _cells(plan: ReadPlan) -> int:
+    return int(np.prod(plan.step_shape, dtype=np.int64))
+
+
+def _spill_file(plan: ReadPlan, nbytes: int, spill_dir: str | os.PathLike[str] | None
+                ) -> IO[bytes]:
+    """A new private file for ``nbytes`` of rows: unlinked at once (no path
+    reaches it; it goes with the process). One line if the disk lacks room."""
+    directory = spill_directory(spill_dir)
+    free = shutil.disk_usage(directory).free
+    if nbytes > free:
+        raise InvalidSpecError(
+            f"{plan.path}: split {plan.split!r} needs {human_size(nbytes)} of rows, more "
+            f"than memory_budget, and {directory} has {human_size(free)} free to hold them; "
+            f"set spill_dir= (or ${SPILL_DIR_ENV}) to a local disk with room, raise "
+            "memory_budget, or use shuffle='blocks'")
+    return tempfile.TemporaryFile(dir=directory, prefix="windowkit-spill-")
+
+
+def _load(plan: ReadPlan, layout: RowsLayout,
+          put: Callable[[int, np.ndarray], object]) -> None:
+    """Read every load of ``layout`` in order (the next one read while this one
+    is put), record where each block landed, and hand ``put(base, rows)`` the
+    rows (C-contiguous)."""
+    from windowkit.readers._groups import GroupLoader
+
+    loader = GroupLoader.of(plan)
+
+    def read(load: tuple[np.ndarray, int, int]) -> tuple[np.ndarray, np.ndarray]:
+        return loader(load[0])
+
+    with ThreadPoolExecutor(1, thread_name_prefix="windowkit-hold") as pool:
+        pending = _ahead(pool, read, layout.loads)
+        for (blocks, base, rows_count), (rows, offsets) in zip(layout.loads, pending,
+                                                                strict=True):
+            if len(rows) != rows_count:
+                raise AssertionError(f"load of {len(rows)} rows, expected {rows_count}")
+            layout.block_base[blocks] = base + offsets
+            put(base, np.ascontiguousarray(rows))
+
+
+def _ahead(pool: ThreadPoolExecutor, read: Any, loads: list[Any]) -> Iterator[Any]:
+    """``read(load)`` of every load in order, the next one read ahead."""
+    future = pool.submit(read, loads[0]) if loads else None
+    for k in range(len(loads)):
+        assert future is not None
+        result = future.result()
+        future = pool.submit(read, loads[k + 1]) if k + 1 < len(loads) else None
+        yield result
+
+
+class UniformOrder:
+    """Every epoch a keyed uniform permutation of the split's windows; batch
+    ``b`` holds epoch positions ``b*B ..``; shard ``i`` of ``n`` is dealt
+    positions ``i, i+n, ...``."""
+
+    def __init__(self, runs: WindowRuns, *, seed: int, shard: tuple[int, int] = (0, 1)) -> None:
+        self.runs = runs
+        self.seed = seed
+        self.shard_index, self.num_shards = shard
+        total = runs.total
+        self.total = max(0, -(-(total - self.shard_index) // self.num_shards))
+        self._cached: tuple[int, KeyedPermutations] | None = None
+
+    def epoch_key(self, epoch: int) -> int:
+        """The permutation key of epoch ``epoch`` (a uint64 as a Python int)."""
+        value = (self.seed * GOLDEN + epoch * 0x632BE59BD9B4E019 + 1) % 2**64
+        return int(mix(np.array([value], dtype=np.uint64))[0])
+
+    def starts(self, key: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global starts and series (int32) of the windows at this shard's epoch
+        positions ``[lo, hi)`` under permutation ``key``."""
+        where = np.arange(lo, hi, dtype=np.int64) * self.num_shards + self.shard_index
+        shuffled = self._permutation(key)(where, np.zeros(len(where), dtype=np.int64))
+        return self.runs.global_starts_and_series(shuffled)
+
+    def _permutation(self, key: int) -> KeyedPermutations:
+        """The permutation of ``key``, built once per epoch (threads share it)."""
+        cached = self._cached
+        if cached is None or cached[0] != key:
+            size = np.array([self.runs.total], dtype=np.int64)
+            cached = (key, KeyedPermutations(size, np.array([key % 2**64], dtype=np.uint64)))
+            self._cached = cached
+        return cached[1]
+
+
+class UniformBatches:
+    """Batches of a uniformly shuffled split, as NumPy: ``batch(key, index)``,
+    the same for the ``tf.data`` and Keras readers."""
+
+    def __init__(self, plan: ReadPlan, held: HeldRows, *, batch_size: int, seed: int,
+                 normalize: bool, parts: BatchParts, shard: tuple[int, int] = (0, 1)) -> None:
+        self.plan, self.held, self.parts = plan, held, parts
+        self.batch_size = batch_size
+        self.order = UniformOrder(plan.runs, seed=seed, shard=shard)
+        self.norm: Normalizer | None = plan.normalizer() if normalize else None
+        self._columns = parts.horizon_columns(plan.target_index)
+
+    @property
+    def num_windows(self) -> int:
+        return self.order.total
+
+    def batch(self, key: int, index: int) -> Any:
+        """Batch ``index`` of the epoch whose permutation is ``key``."""
+        lo = index * self.batch_size
+        return self.windows(key, lo, min(lo + self.batch_size, self.order.total))
+
+    def windows(self, key: int, lo: int, hi: int) -> Any:
+        """The windows at epoch positions ``[lo, hi)`` of the epoch whose
+        permutation is ``key``, as one batch."""
+        starts, series = self.order.starts(key, lo, hi)
+        x, horizon = self.held.windows(starts, self._columns)
+        return self.parts.assemble(x, horizon, series if self.parts.series else None,
+                                   targets=self.plan.target_index, norm=self.norm)

@@ -1,0 +1,201 @@
+"""Several table files read as one table: CSV or Parquet files (listed, or a
+glob), or a directory of Parquet (or CSV) parts, possibly hive-partitioned
+(``sensor=a/part-0.parquet``: the partition keys become columns).
+
+They are opened with :mod:`pyarrow.dataset` and streamed file by file, in
+order (paths sorted naturally, ``part-2`` before ``part-10``), record batch by
+record batch: the rows of the files are one table, with the same series and
+time handling as one file, and never loaded whole. The files' columns are
+unified (an integer column in one file and a float column in another is
+float); a file lacking a column has it empty there.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from windowkit.errors import SourceError, SourceNotFoundError
+from windowkit.location import is_url
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+_GLOB_CHARS = set("*?[")
+_IGNORED = (".", "_")  # hidden files, _SUCCESS, _metadata: never parts
+BATCH_ROWS = 1 << 16
+CSV_BLOCK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """Table files read in order as one table; ``base_dir``: the directory
+    whose hive-style partition folders (``key=value``) become columns."""
+
+    name: str  # how messages name the whole: the directory, pattern or files
+    files: tuple[str, ...]
+    base_dir: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The series' key of a wide table (no series column)."""
+        return Path(self.base_dir).name if self.base_dir else Path(self.files[0]).stem
+
+    @property
+    def csv(self) -> bool:
+        return _suffix(self.files[0]) == ".csv"
+
+
+def _suffix(path: str) -> str:
+    return Path(path).suffix.lower()
+
+
+def _natural(path: str) -> list[Any]:
+    """Sort key: digits compare as numbers (``part-2`` before ``part-10``)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+
+
+def _directory_files(directory: str) -> list[str]:
+    """The table files under ``directory`` (recursively), hidden ones left out."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(_IGNORED)]
+        found += [os.path.join(root, f) for f in files if not f.startswith(_IGNORED)]
+    tables = [f for f in found if _suffix(f) in TABLE_SUFFIXES]
+    if not tables:
+        raise SourceError(f"{directory}: is a directory without CSV or Parquet files; give "
+                          ".npy files, or a directory of table parts")
+    others = sorted(set(found) - set(tables))
+    if others:
+        raise SourceError(f"{others[0]}: not a table part (.csv, .parquet) in the directory "
+                          f"{directory}; a directory source holds table parts only")
+    return sorted(tables, key=_natural)
+
+
+def _expand(path: str) -> list[str]:
+    """A local path's files: a glob's matches (sorted), or the path itself."""
+    if not any(ch in _GLOB_CHARS for ch in path):
+        return [path]
+    matches = sorted(globlib.glob(path), key=_natural)
+    if not matches:
+        raise SourceNotFoundError(f"{path}: no file matches this pattern")
+    return matches
+
+
+def _paths(source: Any) -> list[str] | None:
+    """The local paths a path, glob or list of them names (None: not paths)."""
+    if isinstance(source, (str, os.PathLike)):
+        items = [os.fspath(source)]
+    elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)) and source \
+            and all(isinstance(s, (str, os.PathLike)) for s in source):
+        items = [os.fspath(s) for s in source]
+    else:
+        return None
+    if any(is_url(p) for p in items):
+        return None
+    return [f for item in items for f in _expand(item)]
+
+
+def table_files(source: Any) -> TableFiles | None:
+    """The table files ``source`` names when it names several (a list, a glob,
+    a directory of parts), else None (one file, arrays, ``.npy`` files). Tables
+    and ``.npy`` files, or CSV and Parquet files, mixed are an error."""
+    paths = _paths(source)
+    if paths is None or (isinstance(source, (str, os.PathLike)) and paths == [
+            os.fspath(source)] and not os.path.isdir(paths[0])):
+        return None  # not paths, or one plain file: read as it always was
+    directories = [p for p in paths if os.path.isdir(p)]
+    if directories and len(paths) > 1:
+        raise SourceError(f"{directories[0]}: a directory of table parts is a source on its "
+                          "own; give one directory, or the files")
+    if directories:
+        files = _directory_files(directories[0])
+        return TableFiles(directories[0], tuple(files), base_dir=directories[0])
+    tables = [p for p in paths if _suffix(p) in TABLE_SUFFIXES]
+    if not tables:
+        return None
+    if len(tables) != len(paths):
+        other = next(p for p in paths if _suffix(p) not in TABLE_SUFFIXES)
+        raise SourceError(f"{other}: a conversion takes .npy files or tables (CSV, Parquet), "
+                          f"not both ({tables[0]} is a table); convert them separately")
+    kinds = {_suffix(p) == ".csv" for p in tables}
+    if len(kinds) > 1:
+        csv = next(p for p in tables if _suffix(p) == ".csv")
+        raise SourceError(f"{csv}: CSV and Parquet files cannot be mixed in one "
+                          "conversion; convert them to one kind first")
+    if len(set(tables)) != len(tables):
+        twice = next(p for p in tables if tables.count(p) > 1)
+        raise SourceError(f"{twice}: is given twice; name each file once")
+    name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else \
+        f"{tables[0]} .. {tables[-1]}" if len(tables) > 1 else tables[0]
+    return TableFiles(name, tuple(tables))
+
+
+def open_dataset(tables: TableFiles) -> ds.Dataset:
+    """The files as one :mod:`pyarrow.dataset`, their columns unified, in order."""
+    from pyarrow import csv
+
+    fmt: Any = ds.CsvFileFormat(read_options=csv.ReadOptions(
+        block_size=CSV_BLOCK_BYTES)) if tables.csv else ds.ParquetFileFormat()
+    partitioning = "hive" if tables.base_dir else None
+    try:
+        first = ds.dataset(list(tables.files), format=fmt, partitioning=partitioning,
+                           partition_base_dir=tables.base_dir)
+        schemas = [fragment.physical_schema for fragment in first.get_fragments()]
+        parts = [f for f in first.schema if f.name not in schemas[0].names] \
+            if tables.base_dir else []
+        schema = pa.unify_schemas([*schemas, pa.schema(parts)], promote_options="permissive")
+        return ds.dataset(list(tables.files), schema=schema, format=fmt,
+                          partitioning=partitioning, partition_base_dir=tables.base_dir)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        message = str(exc).splitlines()[0]
+        raise SourceError(f"{tables.name}: the files cannot be read as one table "
+                          f"({message})") from None
+
+
+def dataset_batches(tables: TableFiles, needed: list[str] | None,
+                    parts: list[tuple[int, str]]) -> Iterator[pa.RecordBatch]:
+    """The files' record batches, file after file; ``parts`` gets each file's
+    first row (in the whole table) and path as it is reached."""
+    dataset = open_dataset(tables)
+    columns = [c for c in needed if c in dataset.schema.names] if needed else None
+    rows = 0
+    for fragment in dataset.get_fragments():
+        parts.append((rows, fragment.path))
+        try:
+            for batch in fragment.to_batches(schema=dataset.schema, columns=columns,
+                                             batch_size=BATCH_ROWS):
+                rows += batch.num_rows
+                yield batch
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            message = str(exc).splitlines()[0]
+            raise SourceError(f"{fragment.path}: cannot read the table ({message})") from None
+
+
+def fingerprint(tables: TableFiles) -> str:
+    """What identifies the files' content for resuming: each one's path, size and time."""
+    digest = hashlib.blake2b(digest_size=16)
+    for path in tables.files:
+        stat = os.stat(path)
+        digest.update(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
+    return f"{tables.name}:{digest.hexdigest()}"
+
+
+def table_rows(tables: TableFiles) -> tuple[int, int]:
+    """About how many rows and columns the files hold (CSV: from their sizes)."""
+    dataset = open_dataset(tables)
+    columns = len(dataset.schema)
+    if not tables.csv:
+        return sum(f.metadata.num_rows for f in dataset.get_fragments()), columns
+    size = sum(os.path.getsize(f) for f in tables.files)
+    first = next(iter(next(dataset.get_fragments()).to_batches(batch_size=BATCH_ROWS)), None)
+    sample = min(os.path.getsize(tables.files[0]), CSV_BLOCK_BYTES)
+    rows = 1 if first is None else first.num_rows
+    return int(size / max(1, sample) * max(1, rows)) + 1, columns
