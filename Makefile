@@ -47,6 +47,7 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark throughput
 	$(BIN)/python -m tests.benchmarks.benchmark shuffling
+	$(BIN)/python -m tests.benchmarks.beyond_memory
 	$(BIN)/python -m tests.benchmarks.benchmark forecasting
 	$(BIN)/python -m tests.benchmarks.perf_page
 

@@ -139,3 +139,16 @@ def s3_bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
     bucket = f"{name}-{uuid.uuid4().hex[:8]}"
     fsspec.filesystem("s3").mkdir(bucket)
     return f"s3://{bucket}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A module's ``FAST_IDS`` (test name -> parameter ids) keeps those cases in
+    the fast suite and marks the test's other cases ``slow`` (``make test-slow``):
+    each format and mode still runs there, the long cross product does not."""
+    for item in items:
+        fast = getattr(getattr(item, "module", None), "FAST_IDS", {}).get(
+            getattr(item, "originalname", None))
+        callspec = getattr(item, "callspec", None)
+        if fast is not None and callspec is not None and callspec.id not in fast:
+            item.add_marker(pytest.mark.slow)

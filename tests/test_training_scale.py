@@ -97,6 +97,16 @@ def test_shuffle_takes_only_its_documented_values(store: wk.Store, value: object
 
 
 # -- 3. sharded reading -------------------------------------------------------------------
+# the fast suite runs each format and each mode once; `make test-slow` runs the rest
+FAST_IDS = {
+    "test_an_iterator_resumes_in_a_new_process": {"zarr-blocks", "tfrecord-global",
+                                                  "parquet-spilled"},
+    "test_multi_worker_mirrored_strategy_reads_every_window_once": {"zarr-blocks",
+                                                                    "tfrecord-global"},
+    "test_mirrored_strategy_reads_every_window_once": {"parquet-blocks", "zarr-global"},
+}
+
+
 @pytest.mark.parametrize("shuffle", [True, False, "global"])
 def test_shards_are_disjoint_cover_the_split_and_are_balanced(store: wk.Store,
                                                               shuffle: bool | str) -> None:

@@ -445,7 +445,7 @@ def shuffling(rounds: int) -> None:
     for _ in range(rounds):  # alternate, so every reader sees the same machine load
         runs["permuted"].append(_run_child("permuted", str(source_dir)))
         for f in formats:
-            for mode in ("global", "blocks"):
+            for mode in ("default", "global", "blocks"):
                 runs.setdefault(f"{f} {mode}", []).append(
                     _run_child("windowkit", str(OUT / f"throughput-{f}"), "epoch", mode))
     best = {k: max(v, key=lambda r: r["windows_s"]) for k, v in runs.items()}
@@ -455,7 +455,7 @@ def shuffling(rounds: int) -> None:
     print(f"{'tf_dataset':<22}{'windows/s':>11}{'vs permuted':>13}{'peak RSS':>11}"
           f"{'series/batch':>14}{'blocks/batch':>14}")
     for f in formats:
-        for mode in ("global", "blocks"):
+        for mode in ("default", "global", "blocks"):
             r = best[f"{f} {mode}"]
             mix = mixes[f"{f} {mode}"] = _run_child("mixing", str(OUT / f"throughput-{f}"), mode)
             print(f"{f + ' ' + mode:<22}{r['windows_s']:>11,.0f}{r['windows_s'] / base:>12.2f}x"

@@ -26,7 +26,7 @@ from typing import Any
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGE = DOCS / "performance.md"
 FORMAT_NAMES = {"tfrecord": "TFRecord", "zarr": "Zarr", "parquet": "Parquet"}
-MODES = {"global": "global", "blocks": "block groups"}
+MODES = {"default": "default (`shuffle=True`)", "global": "global", "blocks": "block groups"}
 CONVERGENCE_MODES = {  # the input pipelines of tests/benchmarks/convergence.py: tag, what
     "materialized": ("(a)", "every window materialized in memory, permuted uniformly each epoch"),
     "reordered": ("(a')", "as (a), another permutation seed: the noise between two uniform "
@@ -246,11 +246,33 @@ def convergence(fig: dict[str, Any]) -> list[str]:
     return lines[:-1]
 
 
+def beyond(fig: dict[str, Any]) -> list[str]:
+    """Uniform shuffling in memory, spilled (warm and cold) and block groups, one
+    epoch each, on a store larger than the spilled readers' budget."""
+    rows = []
+    for fmt, results in fig["formats"].items():
+        base = results["in memory"]["windows_s"]
+        for mode, r in results.items():
+            rows.append([f"{_fmt(fmt)}, {mode}", _n(r["windows_s"]),
+                         f"{r['windows_s'] / base:.2f}{X}", f"{r['build_s']:.1f} s",
+                         f"{r['peak_over_mb']:,.0f} MB", "yes" if r["exactly_once"] else "**no**",
+                         f"{r['series']:.1f} of {r['uniform_series']:.1f}",
+                         f"{r['buckets']:.1f} of {r['uniform_buckets']:.1f}"])
+    header = ["store, mode", "windows/s", "vs in memory", "build", "peak+", "once",
+              "distinct series per batch", "distinct (series, bucket) per batch"]
+    return [_when(fig, "make bench"), "",
+            f"{fig['series']} series {X} {fig['rows_per_series']:,} rows {X} "
+            f"{fig['features']} float32 ({fig['mib']} MiB), `compression=\"none\"`; "
+            f"L={fig['length']}, batch {fig['batch']}; spilled: `memory_budget` = "
+            f"{fig['budget_mib']} MiB.", "", *_table(header, rows)]
+
+
 PARTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "throughput": throughput, "shuffling": shuffling, "sharding": sharding,
     "forecasting": forecasting, "memory": memory, "csv": csv, "convergence": convergence,
+    "beyond": beyond,
 }
-PART_PAGES = {"convergence": "shuffling.md"}  # parts whose region is on another page
+PART_PAGES = {"convergence": "shuffling.md", "beyond": "shuffling.md"}  # parts whose region is on another page
 
 
 def render(page: str, bench_dir: Path, parts: list[str] | None = None
