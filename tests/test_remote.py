@@ -57,6 +57,10 @@ def test_every_format_reads_from_s3_through_both_readers(tmp_path: Path, fmt: st
     np.testing.assert_array_equal(_sorted_rows(batches), _sorted_rows(expected_x))
     uniform, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2))
     np.testing.assert_array_equal(_sorted_rows(uniform), _sorted_rows(expected_x))
+    # beyond memory: the rows downloaded once into a local spill, then read locally
+    spilled, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2,
+                                                memory_budget=4096))
+    np.testing.assert_array_equal(spilled, uniform)
     shards = [collect_epoch(store.tf_dataset("train", 64, num_shards=2, shard_index=i))[0]
               for i in range(2)]
     np.testing.assert_array_equal(_sorted_rows(np.concatenate(shards)),

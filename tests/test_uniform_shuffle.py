@@ -125,7 +125,7 @@ def test_default_mixes_every_series(fmt: str, tmp_path: Path) -> None:
     batch of 256 holds (nearly) every one of 20 series."""
     series = _numbered([1000] * 20, features=2)
     store = wk.convert(series, tmp_path / "s", format=fmt, window=16, block_rows=128)
-    assert choose_shuffle(store.read_plan("train"), True).uniform
+    assert choose_shuffle(store.read_plan("train"), True).mode == "whole"  # one group: uniform
     counts = []
     for batch in store.tf_dataset("train", 256, seed=0, drop_remainder=True):
         rows = batch.numpy()[:, 0, 0].astype(np.int64)
@@ -206,3 +206,11 @@ def test_dealt_order_is_a_permutation(total: int, shards: int, seed: int, epoch:
 
 def test_default_budget_is_bounded() -> None:
     assert BUDGET_FLOOR <= default_memory_budget() <= BUDGET_CAP
+
+
+@pytest.mark.parametrize("reader", ["tf_dataset", "keras_dataset"])
+def test_reader_flags_must_be_bools(numbered_store: tuple[wk.Store, list[np.ndarray]],
+                                    reader: str) -> None:
+    store, _ = numbered_store
+    with pytest.raises(InvalidSpecError, match="normalize must be True or False, got 'zscore'"):
+        getattr(store, reader)("train", 32, normalize="zscore")

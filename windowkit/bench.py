@@ -107,6 +107,8 @@ class BenchReport:
     warmup_asked: int = 0  # warm-up batches asked for (more than a small split allows)
     epochs: int = 1  # epochs the run started, warm-up included
     notes: list[str] = field(default_factory=list)  # what was not measured, and why
+    mode: str = ""  # what the shuffle does on this split (uniform in memory, ...)
+    memory_budget: int = 0  # bytes the reader may hold
 
     @property
     def ratio(self) -> float | None:
@@ -413,6 +415,7 @@ def run_bench(store: Store, *, split: str = "train", batch_size: int = 256,
         split=split, batch_size=batch_size, window_bytes=run.bytes // max(1, run.windows),
         run=run, peak_rss_mb=rss, stages=stages, batches_per_epoch=count, warmup=warm,
         warmup_asked=warmup, epochs=epochs.epochs)
+    report.mode, report.memory_budget = shuffle_mode(store, split, shuffle)
     if store.num_windows(split) >= batch_size:
         report.mixing = batch_mixing(store, split=split, batch_size=batch_size, reader=reader,
                                      shuffle=shuffle, seed=seed)
@@ -462,6 +465,22 @@ def _stage_lines(report: BenchReport) -> list[str]:
     return lines
 
 
+def shuffle_mode(store: Store, split: str, shuffle: str) -> tuple[str, int]:
+    """What ``shuffle`` does on ``split`` at the default memory budget, and that budget."""
+    from windowkit.readers._global import choose_shuffle
+
+    plan = store.read_plan(split)
+    choice = choose_shuffle(plan, SHUFFLES[shuffle])
+    if choice.uniform:
+        where = "in memory" if plan.rows_bytes() <= choice.memory_budget else "spilled to disk"
+        mode = f"uniform, rows {where}"
+    elif choice.mode == "whole":
+        mode = "uniform, one group of every block"
+    else:
+        mode = {"blocks": "block groups", "ordered": "index order"}[choice.mode]
+    return mode, choice.memory_budget
+
+
 def render(report: BenchReport) -> str:
     r = report.run
     waited = sum(t1 - t0 for t0, t1 in r.spans)
@@ -469,6 +488,8 @@ def render(report: BenchReport) -> str:
     lines = [
         f"{report.store}: {report.format}, {report.reader} reader, shuffle {report.shuffle}, "
         f"split {report.split!r}, batch {report.batch_size}",
+        f"  shuffle: {report.mode}; memory budget {report.memory_budget / 2**20:,.0f} MiB "
+        "(default: a quarter of the available memory)",
         *_run_lines(report),
         f"  {r.windows:,} windows in {len(r.spans)} batches, {r.seconds:.2f} s: "
         f"{r.windows_s:,.0f} windows/s, {r.mb_s:,.0f} MB/s, peak RSS {report.peak_rss_mb:,.0f} MB",

@@ -11,6 +11,8 @@ import importlib
 import numbers
 import re
 
+import numpy as np
+
 
 class WindowkitError(Exception):
     """Base class for every error windowkit raises on purpose."""
@@ -80,6 +82,13 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise InvalidSpecError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is a bool (Python or NumPy); else one clear error naming ``name``."""
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidSpecError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def carried_error(exc: BaseException) -> WindowkitError | None:

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit._schema import check_columns
-from windowkit.errors import InvalidSpecError, StoreError, StoreReplacedError, check_int
+from windowkit.errors import (
+    InvalidSpecError,
+    StoreError,
+    StoreReplacedError,
+    check_bool,
+    check_int,
+)
 from windowkit.formats import RowReader
 from windowkit.index import IndexLimits, WindowRuns, iter_index
 from windowkit.location import open_parquet, resolve
@@ -320,7 +326,7 @@ class Store:
         from windowkit.readers._global import choose_shuffle
 
         if choose_shuffle(plan, shuffle, memory_budget=memory_budget, cache_bytes=cache_bytes,
-                          shuffle_blocks=shuffle_blocks).uniform:
+                          shuffle_blocks=shuffle_blocks, sharded=True).uniform:
             return plan.dealt_shard(num_shards, shard_index)
         return plan.sharded(num_shards, shard_index)
 
@@ -363,6 +369,9 @@ class Store:
         keys configured).
         """
         check_int("batch_size", batch_size, 1)
+        normalize, drop_remainder = (check_bool("normalize", normalize),
+                                     check_bool("drop_remainder", drop_remainder))
+        return_series = check_bool("return_series", return_series)
         mode = check_shuffle(shuffle)
         memory_budget = check_budget("memory_budget", memory_budget)
         cache_bytes = check_budget("cache_bytes", cache_bytes)
@@ -404,6 +413,8 @@ class Store:
         from windowkit.readers.keras import WindowPyDataset
 
         mode = check_shuffle(shuffle)
+        normalize, drop_remainder = (check_bool("normalize", normalize),
+                                     check_bool("drop_remainder", drop_remainder))
         memory_budget = check_budget("memory_budget", memory_budget)
         cache_bytes = check_budget("cache_bytes", cache_bytes)
         plan = self._shard_plan(split, num_shards, shard_index, shuffle=mode,

@@ -463,7 +463,9 @@ def shuffling(rounds: int) -> None:
                   f"{mix['blocks']:>8.1f} of {mix['uniform_blocks']:.1f}")
     p = best["permuted"]
     print(f"{'materialized, permuted':<22}{base:>11,.0f}{1:>12.2f}x{p['peak_rss_mb']:>8.0f} MB")
-    _save("shuffling", rounds=rounds, best=best, mixing=mixes)
+    tf_base = _run_child("tf_import")
+    print(f"tensorflow import alone: peak RSS {tf_base['peak_rss_mb']:.0f} MB")
+    _save("shuffling", rounds=rounds, best=best, mixing=mixes, tf_import=tf_base)
     sharding(formats, rounds)
 
 

@@ -8,7 +8,7 @@ for one epoch, each reading in its own process:
 - ``spilled, warm``: ``shuffle="global"`` with ``memory_budget=128 MiB``: the
   rows spilled to local disk, read by random access from the page cache;
 - ``spilled, cold``: the same, the spill dropped from the page cache first;
-- ``block groups``: ``shuffle="blocks"`` at the default budget.
+- ``block groups``: ``shuffle="blocks"`` at the default budget, and at 128 MiB.
 
 Each reports windows/s, peak RSS over the import baseline, whether every
 window came exactly once, and distinct series and distinct (series, row
@@ -32,7 +32,8 @@ from tests.benchmarks.benchmark import OUT, _run_child, _save
 SERIES, FEATURES, LENGTH, BATCH = 20, 16, 32, 256
 BUDGET = 128 << 20
 BUCKET_ROWS = 4096  # the rows of one "row bucket" of a series
-MODES = ("in memory", "spilled, warm", "spilled, cold", "block groups")
+MODES = ("in memory", "spilled, warm", "spilled, cold", "block groups",
+         "block groups, 128 MiB")
 
 
 def make_source(directory: Path, mib: int) -> int:
@@ -92,8 +93,9 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
     store = wk.open_store(store_path)
     baseline, start = _rss_mb(), time.perf_counter()
     watch = PeakRss()
-    if mode == "block groups":
-        ds = store.tf_dataset("train", BATCH, shuffle="blocks", seed=0)
+    if mode.startswith("block groups"):
+        budget = BUDGET if mode.endswith("MiB") else None  # else the default budget
+        ds = store.tf_dataset("train", BATCH, shuffle="blocks", seed=0, memory_budget=budget)
     else:
         plan = store.read_plan("train")
         budget = BUDGET if mode.startswith("spilled") else 4 * plan.rows_bytes()

@@ -118,6 +118,9 @@ def shuffling(fig: dict[str, Any]) -> list[str]:
                          f"{r['peak_rss_mb']:,.0f} MB", *mixed])
     rows.append(["materialized, permuted, `from_tensor_slices(...).batch(256)`",
                  _n(base["windows_s"]), f"1.00{X}", f"{base['peak_rss_mb']:,.0f} MB", "", ""])
+    if "tf_import" in fig:
+        rows.append(["TensorFlow imported, nothing read", "", "",
+                     f"{fig['tf_import']['peak_rss_mb']:,.0f} MB", "", ""])
     header = ["`tf_dataset`", "windows/s", "vs materialized and permuted", "peak RSS",
               "distinct series per batch", "distinct blocks per batch"]
     return [_when(fig, "make bench"), "", *_table(header, rows), "",
@@ -272,7 +275,8 @@ PARTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "forecasting": forecasting, "memory": memory, "csv": csv, "convergence": convergence,
     "beyond": beyond,
 }
-PART_PAGES = {"convergence": "shuffling.md", "beyond": "shuffling.md"}  # parts whose region is on another page
+# parts whose region is on another page
+PART_PAGES = {"convergence": "shuffling.md", "beyond": "shuffling.md"}
 
 
 def render(page: str, bench_dir: Path, parts: list[str] | None = None

@@ -38,8 +38,9 @@ class ShuffleChoice:
     """How a reader shuffles, and the bytes it may hold.
 
     ``mode``: ``"uniform"`` (a uniform permutation each epoch, rows held once,
-    in memory or spilled), ``"blocks"`` (block groups, as large as the budget
-    holds) or ``"ordered"`` (index order)."""
+    in memory or spilled), ``"whole"`` (uniform too: one group of every
+    block), ``"blocks"`` (block groups, as large as the budget holds) or
+    ``"ordered"`` (index order)."""
 
     mode: str
     memory_budget: int
@@ -47,29 +48,48 @@ class ShuffleChoice:
 
     @property
     def uniform(self) -> bool:
+        """Uniform with the rows held once (:class:`UniformBatches`)."""
         return self.mode == "uniform"
+
+    @property
+    def grouped(self) -> bool:
+        """Read as groups of blocks (one group of every block when ``"whole"``)."""
+        return self.mode in ("whole", "blocks")
 
 
 def choose_shuffle(plan: ReadPlan, shuffle: bool | str, *, memory_budget: int | None = None,
-                   cache_bytes: int | None = None, shuffle_blocks: int | None = None
-                   ) -> ShuffleChoice:
+                   cache_bytes: int | None = None, shuffle_blocks: int | None = None,
+                   sharded: bool | None = None) -> ShuffleChoice:
     """``True``: uniform when the split's rows fit ``memory_budget`` (default:
     :func:`default_memory_budget`), else block groups sized by it;
     ``"global"``: uniform at any size (beyond the budget, spilled to local
     disk); ``"blocks"``: block groups; ``False``: index order. ``cache_bytes``
     or ``shuffle_blocks`` (experts) size block groups apart from the budget,
-    and so ask ``True`` for block groups."""
+    and so ask ``True`` for block groups.
+
+    A uniform split whose rows fit the budget ``GROUP_SHARE`` times over
+    (read-ahead, decoding, cutting) is read as one group of every block
+    (``"whole"``): each epoch the same uniform permutation of its windows, cut
+    in the graph, the fastest way; sharded (``sharded``, default: whether
+    ``plan`` is a shard), a uniform shuffle deals out one permutation."""
+    from windowkit.readers._groups import GROUP_SHARE
+
     budget = default_memory_budget() if memory_budget is None else memory_budget
     groups = budget if cache_bytes is None else cache_bytes
+    sharded = plan.shard != (0, 1) if sharded is None else sharded
+    rows = plan.rows_bytes()
+    whole = not sharded and rows * GROUP_SHARE <= budget
     if shuffle is False:
         mode = "ordered"
     elif shuffle == "global":
-        mode = "uniform"
+        mode = "whole" if whole else "uniform"
     elif shuffle == "blocks":
         mode = "blocks"
     elif shuffle is True:
-        groups_asked = cache_bytes is not None or shuffle_blocks is not None
-        mode = "uniform" if plan.rows_bytes() <= budget and not groups_asked else "blocks"
+        if cache_bytes is not None or shuffle_blocks is not None:
+            mode = "blocks"
+        else:
+            mode = "whole" if whole else "uniform" if rows <= budget else "blocks"
     else:
         raise InvalidSpecError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
     return ShuffleChoice(mode, budget, groups)

@@ -45,9 +45,14 @@ from windowkit.stats import Normalizer
 from windowkit.windows import take_windows, window_views
 
 SPILL_DIR_ENV = "WINDOWKIT_SPILL_DIR"
-LOAD_BYTES = 32 << 20  # rows read at once while loading (two such reads in flight)
-#: mapped pages of a spill are dropped from the process after this many bytes
-#: gathered (they stay in the page cache), so that its resident memory stays bounded
+LOAD_BYTES = 16 << 20  # rows read at once while loading (two such reads in flight)
+#: a spill is written in pieces this small, so that the page cache holds it in
+#: small folios: a window read then maps about a fault-around's worth of it
+#: (a large folio, written at once, is mapped whole: up to megabytes a window)
+WRITE_PIECE = 64 << 10
+FAULT_AROUND = 64 << 10  # what the kernel maps around a page fault (its default)
+#: mapped pages of a spill are dropped from the process once about this much may
+#: be mapped (they stay in the page cache), so that its resident memory stays bounded
 RELEASE_BYTES = 64 << 20
 BUDGET_SHARE = 4  # the default memory budget: a quarter of the available memory ...
 BUDGET_CAP = 16 << 30  # ... at most this
@@ -138,9 +143,10 @@ class HeldRows:
         shape = (layout.total_rows, *plan.step_shape)
         if self.spilled:
             self._file = file = _spill_file(plan, self.nbytes, spill_dir)
-            _load(plan, layout, lambda base, part: file.write(part.data.cast("B")))
+            _load(plan, layout, lambda base, part: _write_small(file, part))
             file.flush()
             self._map = mmap.mmap(file.fileno(), max(1, self.nbytes), prot=mmap.PROT_READ)
+            self._map.madvise(mmap.MADV_RANDOM)  # no read-around: a window is a small read
             rows = np.frombuffer(self._map, dtype=plan.dtype,
                                  count=layout.total_rows * _cells(plan)).reshape(shape)
         else:
@@ -163,12 +169,13 @@ class HeldRows:
         at = self.block_base[block] + (starts - block * self.block_rows)
         x, horizon = take_windows(self._views, at, targets)
         if self._map is not None:
-            self._count(x.nbytes + (0 if horizon is None else horizon.nbytes))
+            self._count(len(starts) * FAULT_AROUND)
         return x, horizon
 
     def _count(self, nbytes: int) -> None:
-        """Drop the spill's mapped pages from this process every RELEASE_BYTES
-        gathered (a concurrent gather faults them in again from the page cache)."""
+        """Drop the spill's mapped pages from this process once about
+        RELEASE_BYTES may be mapped (a concurrent gather faults them in again
+        from the page cache)."""
         with self._lock:
             self._gathered += nbytes
             if self._gathered < RELEASE_BYTES:
@@ -182,7 +189,15 @@ class HeldRows:
         disk: what ``bench`` measures as cold)."""
         if self._file is not None and self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)
+            os.fsync(self._file.fileno())  # dirty pages stay cached: write them first
             os.posix_fadvise(self._file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _write_small(file: IO[bytes], rows: np.ndarray) -> None:
+    """Append ``rows`` (C-contiguous) to ``file`` in WRITE_PIECE writes."""
+    data = rows.data.cast("B")
+    for at in range(0, len(data), WRITE_PIECE):
+        file.write(data[at:at + WRITE_PIECE])
 
 
 def _cells(plan: ReadPlan) -> int:

@@ -97,7 +97,7 @@ class WindowPyDataset(keras.utils.PyDataset):
         self._first_batch = 0  # batches of epoch `_epoch` already done (resuming)
         self._reset_process_state()
         self._uniform: UniformBatches | None = None
-        if self.choice.uniform:  # held now, so that forked workers share the rows
+        if self._held_rows:  # held now, so that forked workers share the rows
             self._uniform_batches()
 
     # -- pickling and per-process state ---------------------------------------------
@@ -115,6 +115,12 @@ class WindowPyDataset(keras.utils.PyDataset):
         self.__dict__.update(state)
         self._reset_process_state()
         self._uniform = None  # held again by this process on first use
+
+    @property
+    def _held_rows(self) -> bool:
+        """Whether batches come from the split's rows held once (any uniform
+        shuffle: random access in NumPy is the fast way here)."""
+        return self.choice.mode in ("uniform", "whole")
 
     def _uniform_batches(self) -> UniformBatches:
         """The uniform mode's rows and batches (built once per process image)."""
@@ -194,7 +200,7 @@ class WindowPyDataset(keras.utils.PyDataset):
         if not -n <= i < n:
             raise IndexError(f"batch {index} is out of range for {n} batches")
         i = i % n + self._first_batch
-        if self.choice.uniform:
+        if self._held_rows:
             uniform = self._uniform_batches()
             if self._checked_epoch != self._epoch:  # a new epoch of a replaced store:
                 self.plan.guard.check()  # an error, even from rows already held

@@ -117,7 +117,7 @@ def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool | str, seed: in
     else:
         from windowkit.readers._groups import block_groups
 
-        groups = block_groups(plan, shuffle=choice.mode == "blocks", seed=seed,
+        groups = block_groups(plan, shuffle=choice.grouped, seed=seed,
                               shuffle_blocks=shuffle_blocks, cache_bytes=choice.cache_bytes,
                               with_series=parts.series)
         ds = batches_from_groups(groups, plan, batch_size=batch_size,
