@@ -43,7 +43,7 @@ def _series(scale: float = 1.0) -> list[np.ndarray]:
 
 def _convert(out: Path, fmt: str, scale: float = 1.0, **options: object) -> wk.Store:
     return wk.convert(_series(scale), out, format=fmt, window=SPEC,
-                      block_rows=BLOCK_ROWS[fmt], shards=4, **options)
+                      block_rows=BLOCK_ROWS[fmt], parts=4, **options)
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +143,9 @@ def _rewrite_block(path: Path, fmt: str, block: int,
     else:
         records = pq.read_table(path / "data" / "records.parquet").to_pydict()
         first = records["global_row"].index(block * size)
-        shard = next(p for p in sorted((path / "data").glob("part-*.tfrecord"))
+        part = next(p for p in sorted((path / "data").glob("part-*.tfrecord"))
                      if int(p.name[5:10]) == records["shard"][first])
-        blob = bytearray(shard.read_bytes())
+        blob = bytearray(part.read_bytes())
         at, length = records["offset"][first], records["bytes"][first]
         ints, data = decode_example(unframe_record(bytes(blob[at:at + length]), gzip=False))
         rows = np.frombuffer(data["data"], dtype="<f4").reshape(-1, 3).copy()
@@ -153,7 +153,7 @@ def _rewrite_block(path: Path, fmt: str, block: int,
         stored = frame_record(encode_example(ints, {"data": rows.tobytes()}), gzip=False)
         assert len(stored) == length
         blob[at:at + length] = stored
-        shard.write_bytes(bytes(blob))
+        part.write_bytes(bytes(blob))
 
 
 @pytest.mark.parametrize("how", ["reversed", "one value"])
@@ -186,8 +186,8 @@ def test_swapped_data_files_are_refused(store: Path, fmt: str) -> None:
                     if rows[i] == rows[j])
         pair, match = (store / files[i]["path"], store / files[j]["path"]), "digest"
     else:
-        shards = sorted(data.glob("part-*.tfrecord"))
-        pair, match = (shards[0], shards[1]), ".tfrecord: record"
+        parts = sorted(data.glob("part-*.tfrecord"))
+        pair, match = (parts[0], parts[1]), ".tfrecord: record"
     _expect_errors(store, lambda _: _swap(*pair), match)
 
 
@@ -303,14 +303,14 @@ def test_a_tfrecord_gzip_record_that_inflates_past_its_block_is_refused(
         tmp_path: Path) -> None:
     path = _convert(tmp_path / "s", "tfrecord", compression="gzip").path
     records = pq.read_table(path / "data/records.parquet")
-    shard = sorted((path / "data").glob("part-*.tfrecord"))[0]
+    part = sorted((path / "data").glob("part-*.tfrecord"))[0]
     size = int(records.column("bytes")[0].as_py())
     body = zlib.compressobj(9, zlib.DEFLATED, 31)  # ~1000 times its size inflated
     member = body.compress(bytes(size * 900)) + body.flush()
     assert len(member) <= size
-    blob = bytearray(shard.read_bytes())
+    blob = bytearray(part.read_bytes())
     blob[:size] = member + bytes(size - len(member))  # trailing zeros: ignored by gzip
-    shard.write_bytes(bytes(blob))
+    part.write_bytes(bytes(blob))
     _expect_errors(path, lambda _: None, "inflates past")
 
 

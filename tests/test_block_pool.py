@@ -14,15 +14,17 @@ import pytest
 
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
+from windowkit.layout import RowLayout
 from windowkit.readers import BlockPool, WindowGather
 from windowkit.readers._groups import GroupLoader
 from windowkit.spec import WindowSpec
 
 BLOCK_ROWS = 4
 TOTAL_ROWS = 400
+LAYOUT = RowLayout(np.dtype(np.float32), (1,), TOTAL_ROWS, BLOCK_ROWS)
 
 
-class NumberedRows:
+class NumberedRows(RowReader):
     """Row ``r`` is ``[r]``; sleeps a little per read so threads interleave."""
 
     block_rows = BLOCK_ROWS
@@ -39,8 +41,7 @@ class NumberedRows:
 
 def _pool(reader: RowReader, capacity: int) -> BlockPool:
     slot_bytes = (BLOCK_ROWS + 1) * 4
-    return BlockPool(reader, total_rows=TOTAL_ROWS, halo=1, step_shape=(1,),
-                     dtype=np.dtype(np.float32), cache_bytes=capacity * slot_bytes)
+    return BlockPool(reader, LAYOUT, halo=1, cache_bytes=capacity * slot_bytes)
 
 
 def _check_slots(pool: BlockPool, blocks: np.ndarray, slots: np.ndarray) -> None:
@@ -108,7 +109,7 @@ def test_more_blocks_than_the_pool_holds_is_refused() -> None:
 
 
 # -- reads run outside the pool's lock --------------------------------------------------
-class GatedRows:
+class GatedRows(RowReader):
     """Row ``r`` is ``[r]``; reads of ``slow_block`` wait for ``go`` (at most
     ``hold`` s). Counts reads per block; ``fail_once`` blocks fail on their first
     read, ``short`` blocks come back one row short. Safe to share between threads."""
@@ -141,8 +142,7 @@ class GatedRows:
 
 def _gather(reader: GatedRows, capacity: int = 8) -> WindowGather:
     slot_bytes = (BLOCK_ROWS + 1) * 4
-    return WindowGather(reader, spec=WindowSpec(2), total_rows=TOTAL_ROWS, step_shape=(1,),
-                        dtype=np.dtype(np.float32), cache_bytes=capacity * slot_bytes)
+    return WindowGather(reader, LAYOUT, spec=WindowSpec(2), cache_bytes=capacity * slot_bytes)
 
 
 def _check_windows(x: np.ndarray, starts: np.ndarray) -> None:

@@ -29,18 +29,18 @@ def test_carried_batches_equal_rebatch(tmp_path: Path, batch_size: int,
                        window=wk.WindowSpec(8, horizon=2), block_rows=16,
                        known_columns=["1"], target_columns=["0"])
     plan = store.read_plan("train")
-    parts = plan.parts(series)
+    parts = plan.store.parts(series)
 
     def groups() -> tf.data.Dataset:  # groups of 1-3 blocks: many hold under a batch
         return block_groups(plan, shuffle=True, seed=3, shuffle_blocks=2, cache_bytes=1 << 20,
                             with_series=parts.series)
 
-    cutter = WindowCutter(plan.spec, None, plan.target_index, parts)
+    cutter = WindowCutter(plan.spec, None, plan.store.target_index, parts)
     carried = carried_batches(groups(), cutter, batch_size=batch_size,
                               drop_remainder=drop_remainder,
                               empty_rows=tf.zeros([plan.spec.span, 2]),
                               with_series=parts.series)
-    rebatched = groups().flat_map(batch_cutter(plan.spec, batch_size, None, plan.target_index,
+    rebatched = groups().flat_map(batch_cutter(plan.spec, batch_size, None, plan.store.target_index,
                                                parts)).rebatch(batch_size, drop_remainder)
     got, want = list(carried), list(rebatched)
     assert len(got) == len(want) > 0

@@ -54,19 +54,41 @@ def test_format_choice_lists_all_three() -> None:
 
 @pytest.mark.parametrize(("size", "expected"), [
     ("64MiB", 64 << 20), ("1GB", 10**9), ("1048576", 1 << 20), ("1.5KiB", 1536)])
-def test_shard_size_parses_units(npy_dir: Path, size: str, expected: int) -> None:
+def test_part_size_parses_units(npy_dir: Path, size: str, expected: int) -> None:
     out = npy_dir / "s"
     result = run("convert", npy_dir / "a.npy", "--format", "parquet", "--out", out,
-                 "--window", 4, "--shard-size", size, "-q")
+                 "--window", 4, "--part-size", size, "-q")
     assert result.exit_code == 0, result.output
+    # the manifest's options keep the on-disk key of before parts were called parts
     assert wk.open_store(out).info["options"]["shard_size"] == expected
 
 
-def test_bad_shard_size_is_refused(npy_dir: Path) -> None:
+def test_bad_part_size_is_refused(npy_dir: Path) -> None:
     result = run("convert", npy_dir / "a.npy", "--format", "parquet", "--out", npy_dir / "s",
-                 "--window", 4, "--shard-size", "lots")
+                 "--window", 4, "--part-size", "lots")
     assert result.exit_code == 2 and "'lots' is not a size" in result.output
     assert not (npy_dir / "s").exists()
+
+
+def test_the_old_names_of_part_size_and_parts_still_work(npy_dir: Path) -> None:
+    """``--shard-size`` and ``--shards`` (and ``shard_size=``, ``shards=``), from
+    when parts were called shards, still work; the help lists the new names only."""
+    out = npy_dir / "s"
+    result = run("convert", npy_dir / "a.npy", "--format", "parquet", "--out", out,
+                 "--window", 4, "--block-rows", 64, "--shard-size", "1KiB", "--shards", 3, "-q")
+    assert result.exit_code == 0, result.output
+    store = wk.open_store(out)
+    assert store.info["options"]["shard_size"] == 1024 and len(store.info["data"]["files"]) == 3
+    rows = np.load(npy_dir / "a.npy")
+    again = wk.convert(rows, npy_dir / "py", format="parquet", window=4, block_rows=64,
+                       shards=3, shard_size=1024)
+    assert again.info["options"]["shards"] == 3 and len(again.info["data"]["files"]) == 3
+    with pytest.raises(wk.InvalidSpecError, match=r"part_size and shard_size \(its old name\) "
+                       "are both given; give part_size only"):
+        wk.convert(rows, npy_dir / "both", format="parquet", window=4, part_size=2048,
+                   shard_size=1024)
+    usage = run("convert", "--help").output
+    assert "--part-size" in usage and "--parts" in usage and "--shard" not in usage
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -77,7 +99,10 @@ def test_bad_shard_size_is_refused(npy_dir: Path) -> None:
     (["a.npy", "--window", "4", "--sampling-rate", "0"], "sampling rate must be"),
     (["a.npy", "--window", "4", "--block-rows", "0"], "block rows must be an integer >= 1"),
     (["a.npy", "--window", "4", "--workers", "0"], "workers must be an integer >= 1, got 0"),
+    (["a.npy", "--window", "4", "--parts", "0"], "parts must be an integer >= 1, got 0"),
     (["a.npy", "--window", "4", "--shards", "0"], "shards must be an integer >= 1, got 0"),
+    (["a.npy", "--window", "4", "--parts", "2", "--shards", "3"],
+     "--parts and --shards (its old name) are both given; give --parts only"),
 ])
 def test_bad_input_is_one_clear_line(npy_dir: Path, fmt: str, args: list[str],
                                      message: str) -> None:

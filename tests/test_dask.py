@@ -59,7 +59,7 @@ def test_dask_gives_the_store_a_local_conversion_gives(tmp_path: Path, fmt: str,
                                                        cluster: object) -> None:
     sources = [str(p) for p in _npy_sources(tmp_path / "src")]
     options = {"format": fmt, "window": wk.WindowSpec(16, horizon=2), "block_rows": 256,
-               "shards": 5, "splits": {"train": 0.8, "val": 0.2}}
+               "parts": 5, "splits": {"train": 0.8, "val": 0.2}}
     local = wk.convert(sources, tmp_path / "local", **options)
     with distributed.Client(cluster, set_as_default=False) as client:
         on_dask = wk.convert(sources, tmp_path / "dask", dask=client, **options)
@@ -67,17 +67,17 @@ def test_dask_gives_the_store_a_local_conversion_gives(tmp_path: Path, fmt: str,
     assert _tree(on_dask.path) == _tree(local.path)
 
 
-def test_dask_workers_upload_their_shards_to_s3(tmp_path: Path, cluster: object,
+def test_dask_workers_upload_their_parts_to_s3(tmp_path: Path, cluster: object,
                                                 s3_bucket: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """With an s3:// target each worker uploads the shard it wrote; the
+    """With an s3:// target each worker uploads the part it wrote; the
     published store equals a local conversion byte for byte."""
     import fsspec
 
     monkeypatch.setenv("WINDOWKIT_CACHE", str(tmp_path / "cache"))
     url = f"{s3_bucket}/store"
     _on_dask_to_s3(tmp_path, cluster, url,
-                   {"format": "tfrecord", "window": 16, "block_rows": 256, "shards": 4})
+                   {"format": "tfrecord", "window": 16, "block_rows": 256, "parts": 4})
     fs = fsspec.filesystem("s3")
     assert not fs.exists(url.removeprefix("s3://") + ".windowkit-partial")
 
@@ -86,7 +86,7 @@ def test_the_cli_takes_a_scheduler_address(tmp_path: Path, cluster: object) -> N
     sources = [str(p) for p in _npy_sources(tmp_path / "src")]
     address = cluster.scheduler_address  # type: ignore[attr-defined]
     result = CliRunner().invoke(main, ["convert", *sources, "--format", "parquet", "--out",
-                                       str(tmp_path / "s"), "--window", "8", "--shards", "3",
+                                       str(tmp_path / "s"), "--window", "8", "--parts", "3",
                                        "--dask", address, "--quiet"])
     assert result.exit_code == 0, result.output
     assert wk.open_store(tmp_path / "s").num_windows("train") == (3000 + 1700 + 900) - 3 * 7
@@ -118,7 +118,7 @@ def test_forecasting_stores_on_dask_and_s3_equal_a_local_conversion(
     monkeypatch.setenv("WINDOWKIT_CACHE", str(tmp_path / "cache"))
     url = f"{s3_bucket}/forecast-{fmt}"
     local = _on_dask_to_s3(tmp_path, cluster, url, {
-        "format": fmt, "window": wk.WindowSpec(16, horizon=3), "block_rows": 256, "shards": 3,
+        "format": fmt, "window": wk.WindowSpec(16, horizon=3), "block_rows": 256, "parts": 3,
         "splits": "train=0.8,val=0.2", "split_context": "history", "target_columns": ["0"],
         "known_columns": ["2", "3"], "static": {"size": [1.0, 2.0, 3.0]}})
     remote = wk.open_store(url)

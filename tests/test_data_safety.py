@@ -1,5 +1,5 @@
 """Never lose or expose a user's data, in every format: ``--overwrite`` replaces only
-what windowkit made, no link is followed, resume reuses only shards whose source
+what windowkit made, no link is followed, resume reuses only parts whose source
 rows are unchanged, a store is untrusted input, reads never serve wrong rows, and
 a store replaced under a reader is an error."""
 
@@ -145,7 +145,7 @@ def test_a_foreign_directory_at_the_workspace_name_is_refused(
     assert sorted(p.name for p in foreign.iterdir()) == ["precious.txt"]
 
 
-# -- 3. resume reuses a shard only when its source rows are unchanged --------------------
+# -- 3. resume reuses a part only when its source rows are unchanged --------------------
 def test_resume_with_changed_arrays_starts_over(tmp_path: Path, fmt: str,
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 caplog: pytest.LogCaptureFixture) -> None:
@@ -157,14 +157,14 @@ def test_resume_with_changed_arrays_starts_over(tmp_path: Path, fmt: str,
 
         _interrupt_after(patch, fmt, 3)
         with pytest.raises(KeyboardInterrupt):
-            wk.convert(zeros, out, format=fmt, window=SPEC, block_rows=128, shards=6)
+            wk.convert(zeros, out, format=fmt, window=SPEC, block_rows=128, parts=6)
     with caplog.at_level(logging.INFO, logger="windowkit"):
-        store = wk.convert(ones, out, format=fmt, window=SPEC, block_rows=128, shards=6)
+        store = wk.convert(ones, out, format=fmt, window=SPEC, block_rows=128, parts=6)
     assert "changed since the interrupted conversion; starting over" in caplog.text
     x, y = store.windows("train", np.arange(store.num_windows("train")))
     assert (x == 1).all() and (y == 1).all()
     fresh = wk.convert(ones, tmp_path / "fresh", format=fmt, window=SPEC, block_rows=128,
-                       shards=6)
+                       parts=6)
     assert _tree(store.path) == _tree(fresh.path)
 
 
@@ -172,7 +172,7 @@ def test_resume_rereads_a_file_changed_behind_the_same_size_and_time(
         tmp_path: Path, sources: list[Path], fmt: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=3)
+    _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=3)
     first = sources[0]
     info = first.stat()
     values = np.load(first)
@@ -181,18 +181,18 @@ def test_resume_rereads_a_file_changed_behind_the_same_size_and_time(
     os.utime(first, ns=(info.st_atime_ns, info.st_mtime_ns))
     with caplog.at_level(logging.INFO, logger="windowkit"):
         store = _convert(sources, out, fmt)
-    assert "the source rows of shard 0 changed since the interrupted conversion" in caplog.text
+    assert "the source rows of part 0 changed since the interrupted conversion" in caplog.text
     fresh = _convert(sources, tmp_path / "fresh", fmt)
     assert _tree(store.path) == _tree(fresh.path)
     x, _ = store.windows("train", np.arange(1))
     np.testing.assert_array_equal(x[0], values[:8])
 
 
-def test_a_read_error_while_resuming_keeps_the_finished_shards(
+def test_a_read_error_while_resuming_keeps_the_finished_parts(
         tmp_path: Path, sources: list[Path], fmt: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=3)
+    _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=3)
     with monkeypatch.context() as patch:
         def flaky(self: NpySeries, start: int, stop: int) -> np.ndarray:
             raise OSError(5, "Input/output error", self.path)
@@ -204,7 +204,7 @@ def test_a_read_error_while_resuming_keeps_the_finished_shards(
     assert len(list((partial / "_resume").glob("shard-*.json"))) == 3
     with caplog.at_level(logging.INFO, logger="windowkit"):
         store = _convert(sources, out, fmt)
-    assert "3 of 6 shards already written" in caplog.text
+    assert "3 of 6 parts already written" in caplog.text
     assert verify_store(store.path) == []
 
 
@@ -232,7 +232,7 @@ def test_a_target_appearing_during_the_conversion_keeps_the_work(
     (out / "theirs.txt").unlink()
     with caplog.at_level(logging.INFO, logger="windowkit"):
         store = _convert(sources, out, fmt)
-    assert "6 of 6 shards already written" in caplog.text
+    assert "6 of 6 parts already written" in caplog.text
     assert verify_store(store.path) == []
 
 
@@ -311,7 +311,7 @@ def test_a_data_file_of_another_store_is_refused_by_readers(
     """Same name and layout, other rows: the store id in the file tells them apart
     (Zarr chunks carry none; ``verify`` names them by checksum)."""
     other = wk.convert([np.load(p) + 1 for p in sources], tmp_path / "other", format=fmt,
-                       window=SPEC, block_rows=128, shards=6)
+                       window=SPEC, block_rows=128, parts=6)
     store = _convert(sources, tmp_path / "store", fmt)
     name = "data/zarr.json" if fmt == "zarr" else next(
         f.path for f in store.manifest.files if f.path.startswith("data/part-"))
@@ -444,7 +444,7 @@ def test_too_little_space_for_staging_a_table_is_refused_before_writing(
 # -- 8. a store replaced while a reader has it open ---------------------------------------
 def _replace(store: wk.Store, sources: list[Path], fmt: str) -> None:
     wk.convert([np.load(p) * 2 for p in sources], store.path, format=fmt, window=SPEC,
-               block_rows=128, shards=6, overwrite=True)
+               block_rows=128, parts=6, overwrite=True)
 
 
 def test_a_replaced_store_is_an_error_for_random_access(tmp_path: Path, sources: list[Path],

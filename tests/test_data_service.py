@@ -55,7 +55,7 @@ def test_tfrecord_splits_read_by_tf_data_service_workers(tmp_path: Path, dispatc
     its horizon; every batch but the last is full; the order is shuffled."""
     store = wk.convert(_tagged([700, 333, 900, 50, 400, 610]), tmp_path / "s",
                        format="tfrecord", window=wk.WindowSpec(8, horizon=2), block_rows=64,
-                       shards=4, compression=compression)
+                       parts=4, compression=compression)
     x_all, y_all = store.windows("train", np.arange(store.num_windows("train")))
     want = _sorted(np.concatenate([x_all.reshape(len(x_all), -1),
                                    y_all.reshape(len(y_all), -1)], axis=1))
@@ -73,12 +73,12 @@ def test_tfrecord_splits_read_by_tf_data_service_workers(tmp_path: Path, dispatc
 
 def test_a_split_reads_only_the_files_holding_its_windows(tmp_path: Path,
                                                           dispatcher: str) -> None:
-    """Shard files holding no window of the split are not opened (here they are
+    """Part files holding no window of the split are not opened (here they are
     garbage); normalized windows equal the local reader's."""
     import pyarrow.parquet as pq
 
     store = wk.convert(_tagged([400, 500, 300, 450, 350, 380]), tmp_path / "s",
-                       format="tfrecord", window=8, block_rows=64, shards=6,
+                       format="tfrecord", window=8, block_rows=64, parts=6,
                        splits="train=0.5,val=0.5", split_by="series", seed=2)
     local = np.concatenate([b.numpy() for b in store.tf_dataset("val", 16, shuffle=False,
                                                                 normalize=True)])
@@ -86,9 +86,9 @@ def test_a_split_reads_only_the_files_holding_its_windows(tmp_path: Path,
                      .astype(int).tolist())
     records = pq.read_table(store.path / "data" / "records.parquet").to_pandas()
     unused = set(records["shard"]) - set(records["shard"][records["series"].isin(val_series)])
-    assert unused, "every shard holds validation records: nothing to show"
-    for shard in unused:
-        path = next((store.path / "data").glob(f"part-{shard:05d}-of-*.tfrecord"))
+    assert unused, "every part holds validation records: nothing to show"
+    for part in unused:
+        path = next((store.path / "data").glob(f"part-{part:05d}-of-*.tfrecord"))
         path.write_bytes(b"\xff" * path.stat().st_size)
     ds = store.tf_dataset("val", 16, service=dispatcher, shuffle=False, normalize=True)
     x = np.concatenate([b.numpy() for b in ds])

@@ -166,7 +166,7 @@ def test_the_cli_warns_of_an_empty_split_even_when_quiet(tmp_path: Path) -> None
 
 def test_no_window_on_dask_and_s3_publishes_nothing(tmp_path: Path, s3_bucket: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Refused before the shards (too short) and after them, on Dask workers (every
+    """Refused before the parts (too short) and after them, on Dask workers (every
     window touches a NaN): no store at the URL, the same as a local conversion."""
     import fsspec
 

@@ -44,7 +44,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
     out = {}
     for fmt in IMPLEMENTED_FORMATS:
         store = wk.convert(arrays, root / fmt, format=fmt, window=SPEC,
-                           splits="train=0.7,val=0.3", block_rows=32, shards=3)
+                           splits="train=0.7,val=0.3", block_rows=32, parts=3)
         assert verify_store(store.path) == []
         out[fmt] = (store.path, _all_readers(store.path, tf=True))
     return out

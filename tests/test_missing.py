@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import windowkit as wk
 from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.cli import main
-from windowkit.conversion import ShardResult, true_runs
+from windowkit.conversion import PartResult, true_runs
 from windowkit.index import stretches_without
 from windowkit.stats import RunningStats
 
@@ -161,7 +161,7 @@ def test_skip_with_splits_and_workers(tmp_path: Path, fmt: str) -> None:
     frame = _stations()
     store = wk.convert(frame, tmp_path / "s", format=fmt, window=SPEC, series_col="station",
                        time_col="time", nan="skip", splits="train=0.7,val=0.3", workers=2,
-                       block_rows=16, shards=3)
+                       block_rows=16, parts=3)
     total = sum(store.num_windows(s) for s in store.splits)
     assert total <= len(_oracle(frame, SPEC)[0])
     for split in store.splits:
@@ -184,11 +184,11 @@ def test_bad_nan_option(tmp_path: Path) -> None:
 def test_missing_runs_survive_a_resume_marker() -> None:
     runs = true_runs(np.array([True, False, True, True, False, False, True]))
     assert runs.tolist() == [[0, 1], [2, 4], [6, 7]]
-    result = ShardResult({"n": 1}, RunningStats(), 7, [], "digest", runs + 100)
-    again = ShardResult.from_marker(result.to_marker())
+    result = PartResult({"n": 1}, RunningStats(), 7, [], "digest", runs + 100)
+    again = PartResult.from_marker(result.to_marker())
     assert again.missing.tolist() == [[100, 101], [102, 104], [106, 107]]
     assert again.source_digest == "digest"
-    assert ShardResult.from_marker({**result.to_marker(), "missing": []}).missing.shape == (0, 2)
+    assert PartResult.from_marker({**result.to_marker(), "missing": []}).missing.shape == (0, 2)
 
 
 @settings(max_examples=200, deadline=None)

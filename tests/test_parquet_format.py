@@ -37,7 +37,7 @@ def test_row_groups_are_the_storage_blocks(tmp_path: Path, workers: int) -> None
     17-row series shares its block with its neighbours)."""
     series = _series([300, 17, 450], features=2)
     store = wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=64,
-                       shard_size=2000, workers=workers)  # several part files
+                       part_size=2000, workers=workers)  # several part files
     files = sorted((store.path / "data").glob("part-*.parquet"))
     assert len(files) == 4  # 12 blocks of 64 rows x 2 x float32 (512 B) in ~2000 B files
     sizes, series_in = [], []

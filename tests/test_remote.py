@@ -39,7 +39,7 @@ def test_every_format_reads_from_s3_through_both_readers(tmp_path: Path, fmt: st
     series = _series([700, 333, 90])
     spec = wk.WindowSpec(8, stride=2, horizon=2)
     local = wk.convert(series, tmp_path / "s", format=fmt, window=spec, block_rows=64,
-                       shards=2)
+                       parts=2)
     url = f"{s3_bucket}/stores/s"
     _upload(local.path, url)
     store = wk.open_store(url)
@@ -57,10 +57,15 @@ def test_every_format_reads_from_s3_through_both_readers(tmp_path: Path, fmt: st
     np.testing.assert_array_equal(_sorted_rows(batches), _sorted_rows(expected_x))
     uniform, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2))
     np.testing.assert_array_equal(_sorted_rows(uniform), _sorted_rows(expected_x))
-    # beyond memory: the rows downloaded once into a local spill, then read locally
+    # beyond memory: the rows downloaded once into a local spill, then read
+    # locally, in the order of the same permutation held in memory
+    held_budget = store.read_plan("train").rows_bytes()  # the rows fit once, not six times
+    held, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2,
+                                             memory_budget=held_budget))
     spilled, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2,
                                                 memory_budget=4096))
-    np.testing.assert_array_equal(spilled, uniform)
+    assert held_budget > 4096
+    np.testing.assert_array_equal(spilled, held)
     shards = [collect_epoch(store.tf_dataset("train", 64, num_shards=2, shard_index=i))[0]
               for i in range(2)]
     np.testing.assert_array_equal(_sorted_rows(np.concatenate(shards)),
@@ -165,7 +170,7 @@ def test_every_format_converts_to_s3(tmp_path: Path, fmt: str, s3_bucket: str,
         assert fs.cat(f"{url.removeprefix('s3://')}/{entry.path}") == (
             local.path / entry.path).read_bytes()
     assert not list(mirror_cache.glob("remote/*/*"))  # the mirror is gone after the upload
-    assert not fs.exists(url.removeprefix("s3://") + ".windowkit-partial")  # and the shards
+    assert not fs.exists(url.removeprefix("s3://") + ".windowkit-partial")  # and the parts
     assert not fs.exists(url.removeprefix("s3://") + ".windowkit-lock")
 
 
@@ -265,20 +270,20 @@ import windowkit as wk
 from windowkit.formats import get_format
 
 storage = type(get_format("parquet"))
-original = storage.write_shard
-def slow_write_shard(self, *args):
+original = storage.write_part
+def slow_write_part(self, *args):
     time.sleep(0.3)
     return original(self, *args)
-storage.write_shard = slow_write_shard
+storage.write_part = slow_write_part
 rows = np.arange(6000, dtype=np.float32).reshape(2000, 3)
-wk.convert({"a": rows}, sys.argv[1], format="parquet", window=8, block_rows=128, shards=6)
+wk.convert({"a": rows}, sys.argv[1], format="parquet", window=8, block_rows=128, parts=6)
 """
 
 
 def test_a_remote_conversion_killed_mid_way_leaves_no_store_and_resumes(
         s3_bucket: str, mirror_cache: Path) -> None:
-    """kill -9 after 3 of 6 shards were uploaded: nothing opens under the target;
-    the same command finishes the store, reusing the uploaded shards."""
+    """kill -9 after 3 of 6 parts were uploaded: nothing opens under the target;
+    the same command finishes the store, reusing the uploaded parts."""
     import signal
     import time
 
@@ -327,7 +332,7 @@ def test_a_replaced_remote_store_is_an_error(tmp_path: Path, fmt: str, s3_bucket
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader asks for the manifest's ETag at most every REMOTE_CHECK_SECONDS;
     once it does, a store replaced meanwhile is an error, not other rows."""
-    from windowkit import manifest
+    from windowkit import guard as manifest
 
     series = _series([400, 300])
     url = f"{s3_bucket}/replaced"
@@ -354,7 +359,7 @@ def test_remote_parquet_reads_a_files_footer_once(tmp_path: Path, s3_bucket: str
     series = _series([600, 500])
     url = f"{s3_bucket}/footers"
     _upload(wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=50,
-                       shards=2).path, url)
+                       parts=2).path, url)
     store = wk.open_store(url)
     caplog.set_level(logging.DEBUG, logger="s3fs")
 

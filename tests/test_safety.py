@@ -40,7 +40,7 @@ def _sources(tmp: Path) -> list[Path]:
 
 
 def _convert(sources: list[Path], out: Path, fmt: str, **options: object) -> wk.Store:
-    options = {"block_rows": 128, "shards": 6, **options}
+    options = {"block_rows": 128, "parts": 6, **options}
     return wk.convert([str(p) for p in sources], out, format=fmt, window=SPEC,
                       **options)  # type: ignore[arg-type]
 
@@ -63,26 +63,26 @@ def reference(tmp_path: Path, sources: list[Path], fmt: str) -> dict[str, bytes]
     return _tree(_convert(sources, tmp_path / "reference", fmt).path)
 
 
-def _interrupt_after(monkeypatch: pytest.MonkeyPatch, fmt: str, shards: int) -> None:
-    """Make the format's shard writer stop (as on Ctrl-C) once ``shards`` are done."""
+def _interrupt_after(monkeypatch: pytest.MonkeyPatch, fmt: str, parts: int) -> None:
+    """Make the format's part writer stop (as on Ctrl-C) once ``parts`` are done."""
     storage = get_format(fmt)
-    original = type(storage).write_shard
+    original = type(storage).write_part
     calls = {"n": 0}
 
-    def write_shard(self: object, *args: object) -> object:
-        if calls["n"] == shards:
+    def write_part(self: object, *args: object) -> object:
+        if calls["n"] == parts:
             raise KeyboardInterrupt
         calls["n"] += 1
         return original(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(type(storage), "write_shard", write_shard)
+    monkeypatch.setattr(type(storage), "write_part", write_part)
 
 
 def _interrupted_convert(monkeypatch: pytest.MonkeyPatch, sources: list[Path], out: Path,
-                         fmt: str, *, shards_done: int) -> None:
-    """A conversion stopped by Ctrl-C once ``shards_done`` shards are written."""
+                         fmt: str, *, parts_done: int) -> None:
+    """A conversion stopped by Ctrl-C once ``parts_done`` parts are written."""
     with monkeypatch.context() as patch:
-        _interrupt_after(patch, fmt, shards_done)
+        _interrupt_after(patch, fmt, parts_done)
         with pytest.raises(KeyboardInterrupt):
             _convert(sources, out, fmt)
 
@@ -95,34 +95,34 @@ def test_resume_after_an_interruption_is_byte_identical(
         tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "out" / "store"
-    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=2)
+    _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=2)
     assert not out.exists()
     assert _leftovers(out.parent) == [".store.windowkit-partial"]
     calls = []
     storage = get_format(fmt)
-    original = type(storage).write_shard
-    monkeypatch.setattr(type(storage), "write_shard",
+    original = type(storage).write_part
+    monkeypatch.setattr(type(storage), "write_part",
                         lambda self, *a: calls.append(a[2].number) or original(self, *a))
     with caplog.at_level(logging.INFO, logger="windowkit"):
         store = _convert(sources, out, fmt)
-    assert calls == [2, 3, 4, 5], "finished shards were written again"
-    assert "resuming an interrupted conversion: 2 of 6 shards already written" in caplog.text
+    assert calls == [2, 3, 4, 5], "finished parts were written again"
+    assert "resuming an interrupted conversion: 2 of 6 parts already written" in caplog.text
     assert _tree(store.path) == reference
     assert _leftovers(out.parent) == []
     assert verify_store(out) == []
 
 
-def test_a_damaged_finished_shard_is_written_again(
+def test_a_damaged_finished_part_is_written_again(
         tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
         monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=3)
+    _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=3)
     partial = tmp_path / ".store.windowkit-partial"
-    shard_file = sorted(f for f in (partial / "data").rglob("*") if f.is_file()
+    part_file = sorted(f for f in (partial / "data").rglob("*") if f.is_file()
                         and f.name not in ("zarr.json",))[0]
-    data = bytearray(shard_file.read_bytes())
+    data = bytearray(part_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    shard_file.write_bytes(bytes(data))
+    part_file.write_bytes(bytes(data))
     assert _tree(_convert(sources, out, fmt).path) == reference
 
 
@@ -130,7 +130,7 @@ def test_changed_options_start_over(tmp_path: Path, sources: list[Path], fmt: st
                                     monkeypatch: pytest.MonkeyPatch,
                                     caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=2)
+    _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=2)
     with caplog.at_level(logging.INFO, logger="windowkit"):
         store = _convert(sources, out, fmt, block_rows=256)
     assert "the sources or options changed since the interrupted conversion; starting over" \
@@ -170,8 +170,8 @@ def test_not_enough_disk_space_is_refused_before_writing(
 
 
 # -- kill -9 ------------------------------------------------------------------------------
-# The child converts; its shard writer sleeps a little per shard (``SHARD_DELAY``), so
-# that the test can kill it after a chosen number of shards are finished (it polls
+# The child converts; its part writer sleeps a little per part (``PART_DELAY``), so
+# that the test can kill it after a chosen number of parts are finished (it polls
 # the workspace's resume markers), never while it imports.
 _CHILD = """
 import os, sys, time
@@ -181,55 +181,55 @@ from windowkit.formats import get_format
 
 fmt, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
 storage = type(get_format(fmt))
-original = storage.write_shard
-def slow_write_shard(self, *args):
-    time.sleep(float(os.environ.get("SHARD_DELAY", "0")))
+original = storage.write_part
+def slow_write_part(self, *args):
+    time.sleep(float(os.environ.get("PART_DELAY", "0")))
     return original(self, *args)
-storage.write_shard = slow_write_shard
+storage.write_part = slow_write_part
 if kind == "files":
     source = sys.argv[4].split(",")
-    options = dict(window=wk.WindowSpec(8, horizon=2), block_rows=128, shards=6)
+    options = dict(window=wk.WindowSpec(8, horizon=2), block_rows=128, parts=6)
 else:  # an in-memory array of 4M rows, all zeros or all ones
     source = {"a": np.full(4_000_000, 1 if kind == "ones" else 0, dtype=np.float32)}
-    options = dict(window=wk.WindowSpec(8), shards=24)
+    options = dict(window=wk.WindowSpec(8), parts=24)
 wk.convert(source, out, format=fmt, **options)
 """
 
 
 def _spawn(fmt: str, out: Path, kind: str, *args: str, delay: float = 0.0
            ) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "SHARD_DELAY": str(delay)}
+    env = {**os.environ, "PART_DELAY": str(delay)}
     return subprocess.Popen([sys.executable, "-c", _CHILD, fmt, str(out), kind, *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
 
-def _finished_shards(out: Path) -> int:
+def _finished_parts(out: Path) -> int:
     resume = out.parent / f".{out.name}.windowkit-partial" / "_resume"
     return len(list(resume.glob("shard-*.json")))
 
 
-def _kill_after(proc: subprocess.Popen[bytes], out: Path, shards: int) -> int:
-    """SIGKILL the child once ``shards`` shards are finished; return how many were."""
+def _kill_after(proc: subprocess.Popen[bytes], out: Path, parts: int) -> int:
+    """SIGKILL the child once ``parts`` parts are finished; return how many were."""
     deadline = time.monotonic() + 120
-    while _finished_shards(out) < shards and proc.poll() is None:
+    while _finished_parts(out) < parts and proc.poll() is None:
         assert time.monotonic() < deadline, "the conversion made no progress"
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    return _finished_shards(out)
+    return _finished_parts(out)
 
 
-def test_kill_9_after_finished_shards_then_resume(tmp_path: Path, sources: list[Path],
+def test_kill_9_after_finished_parts_then_resume(tmp_path: Path, sources: list[Path],
                                                   fmt: str,
                                                   reference: dict[str, bytes]) -> None:
-    """Killed after 1..5 of 6 shards, re-running the same command completes the
+    """Killed after 1..5 of 6 parts, re-running the same command completes the
     conversion byte-identically and leaves nothing else behind."""
     files = ",".join(map(str, sources))
-    for trial, shards in enumerate([1, 3, 5]):
+    for trial, parts in enumerate([1, 3, 5]):
         out = tmp_path / f"store{trial}"
         proc = _spawn(fmt, out, "files", files, delay=0.3)
-        done = _kill_after(proc, out, shards)
-        assert shards <= done < 6 and not out.exists(), "the kill landed too late"
+        done = _kill_after(proc, out, parts)
+        assert parts <= done < 6 and not out.exists(), "the kill landed too late"
         rerun = _spawn(fmt, out, "files", files)
         assert rerun.wait() == 0, rerun.stderr.read().decode()[-2000:] if rerun.stderr else ""
         assert _tree(out) == reference
@@ -255,7 +255,7 @@ def test_kill_9_then_converting_other_arrays_never_mixes_them(tmp_path: Path,
 @pytest.mark.slow
 def test_kill_9_at_random_moments_soak(tmp_path: Path, sources: list[Path], fmt: str,
                                        reference: dict[str, bytes]) -> None:
-    """Killed at 16 random moments of a conversion (while it writes shards, index
+    """Killed at 16 random moments of a conversion (while it writes parts, index
     tables, the manifest or publishes), the same command always completes it
     byte-identically; a kill after the rename leaves a complete store."""
     files = ",".join(map(str, sources))
@@ -339,11 +339,11 @@ def test_verify_passes_an_intact_store_and_reports_stray_files(tmp_path: Path,
     assert f"{store.path / 'data' / 'stray.bin'}: file is not in the manifest" in result.output
 
 
-def test_too_little_space_on_resume_keeps_the_finished_shards(
+def test_too_little_space_on_resume_keeps_the_finished_parts(
         tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
         monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, fmt, shards_done=2)
+    _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=2)
     usage = namedtuple("usage", "total used free")
     with monkeypatch.context() as patch:
         patch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 0))

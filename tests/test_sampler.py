@@ -85,7 +85,7 @@ def test_tf_dataset_visits_blocks_in_the_samplers_order(tmp_path: Path, fmt: str
     ds = store.tf_dataset("val", 50, seed=9, shuffle_blocks=1)
     plan = store.read_plan("val")
     counts = np.bincount(plan.runs.global_starts(np.arange(plan.num_windows)) // block_rows,
-                         minlength=-(-plan.total_rows // block_rows))
+                         minlength=-(-plan.layout.total_rows // block_rows))
     sampler = Sampler(counts, group=1, shuffle=True, seed=9)
     keys = iter(sampler.tf_epoch_keys().repeat(2).as_numpy_iterator())
     for _ in range(2):  # two epochs: two iterations of the dataset

@@ -29,21 +29,21 @@ from windowkit.formats import get_format
 from windowkit.verify import verify_store
 
 
-def _after_shards(monkeypatch: pytest.MonkeyPatch, fmt: str, shards: int,
+def _after_parts(monkeypatch: pytest.MonkeyPatch, fmt: str, parts: int,
                   action: Callable[[], object]) -> None:
-    """Run ``action`` once, when the format's shard writer starts shard number
-    ``shards`` + 1 (the test seam: the format's ``write_shard``)."""
+    """Run ``action`` once, when the format's part writer starts part number
+    ``parts`` + 1 (the test seam: the format's ``write_part``)."""
     storage = type(get_format(fmt))
-    original = storage.write_shard
+    original = storage.write_part
     calls = {"n": 0}
 
-    def write_shard(self: object, *args: object) -> object:
-        if calls["n"] == shards:
+    def write_part(self: object, *args: object) -> object:
+        if calls["n"] == parts:
             action()
         calls["n"] += 1
         return original(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(storage, "write_shard", write_shard)
+    monkeypatch.setattr(storage, "write_part", write_part)
 
 
 def _workspace(out: Path) -> Path:
@@ -70,7 +70,7 @@ def _change(path: Path, how: str) -> Callable[[], None]:
 @pytest.mark.parametrize(("how", "message"), [
     ("in-place", "it was rewritten in place: its modification time changed"),
     ("replace", "it was replaced by another file"),
-    ("same-time", "the rows of shard 1 read again differ from those written")])
+    ("same-time", "the rows of part 1 read again differ from those written")])
 def test_a_source_changed_during_the_conversion_is_never_published(
         tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch, how: str,
         message: str) -> None:
@@ -78,7 +78,7 @@ def test_a_source_changed_during_the_conversion_is_never_published(
     sources = _sources(tmp_path / "src")
     out = tmp_path / "store"
     with monkeypatch.context() as patch:
-        _after_shards(patch, fmt, 2, _change(sources[0], how))
+        _after_parts(patch, fmt, 2, _change(sources[0], how))
         with pytest.raises(SourceChangedError) as raised:
             _convert(sources, out, fmt)
     assert str(raised.value).startswith(f"{sources[0]}: the source changed during the "
@@ -95,12 +95,12 @@ def test_a_table_changed_during_the_conversion_is_one_line(
     table.write_text(_long([("a", t, str(t)) for t in range(600)]
                            + [("b", t, "2.5") for t in range(600)]))
     out = tmp_path / "store"
-    _after_shards(monkeypatch, fmt, 1, lambda: table.write_text(
+    _after_parts(monkeypatch, fmt, 1, lambda: table.write_text(
         table.read_text().replace("2.5", "3.5")))
     result = CliRunner().invoke(main, ["convert", str(table), "--format", fmt, "--out",
                                        str(out), "--window", "8", "--series-col", "id",
                                        "--time-col", "t", "--block-rows", "64", "-q",
-                                       "--shards", "4"])
+                                       "--parts", "4"])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert f"{table}: the source changed during the conversion" in result.output
     assert not out.exists() and _workspace(out).is_dir()
@@ -118,12 +118,12 @@ def test_an_object_rewritten_on_s3_during_the_conversion_is_refused(
         urls.append(f"{s3_bucket}/{path.name}")
     changed = tmp_path / "src" / "changed.npy"
     np.save(changed, np.ones((3000, 3), np.float32))
-    _after_shards(monkeypatch, fmt, 2, lambda: fs.put(str(changed), urls[0]))
+    _after_parts(monkeypatch, fmt, 2, lambda: fs.put(str(changed), urls[0]))
     out = tmp_path / "store"
     with pytest.raises(SourceChangedError, match=f"{urls[0]}: the source changed during the "
                        "conversion \\(it was written again: its ETag changed\\)"):
         wk.convert(urls, out, format=fmt, window=wk.WindowSpec(8, horizon=2),
-                   block_rows=128, shards=6)
+                   block_rows=128, parts=6)
     assert not out.exists() and _workspace(out).is_dir()
 
 
@@ -206,10 +206,10 @@ def test_a_fortran_source_truncated_mid_run_is_one_line(
     source = tmp_path / "f.npy"
     np.save(source, np.asfortranarray(np.random.default_rng(0).normal(size=(4000, 3))))
     out = tmp_path / "store"
-    _after_shards(monkeypatch, fmt, 1, lambda: os.truncate(source, 20_000))
+    _after_parts(monkeypatch, fmt, 1, lambda: os.truncate(source, 20_000))
     result = CliRunner().invoke(main, ["convert", str(source), "--format", fmt, "--out",
                                        str(out), "--window", "8", "--block-rows", "256",
-                                       "--shards", "4", "-q"])
+                                       "--parts", "4", "-q"])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert f"{source}: cannot read rows" in result.output
     assert "the file changed or was truncated during the conversion" in result.output
@@ -224,26 +224,26 @@ def _raise(exc: BaseException) -> Callable[[], None]:
 
 @pytest.mark.parametrize(("exc", "message"), [
     (MemoryError(), "out of memory while converting (MemoryError); the finished "
-     "shards are kept: run the same command again with fewer --workers or a smaller "
-     "--shard-size"),
+     "parts are kept: run the same command again with fewer --workers or a smaller "
+     "--part-size"),
     (RuntimeError("can't start new thread"), "out of memory while converting (RuntimeError: "
      "can't start new thread)"),
     (OSError(errno.ENOSPC, "No space left on device"), "No space left on device while "
-     "writing shard 1; the finished shards are kept: make room and run the same command "
+     "writing part 1; the finished parts are kept: make room and run the same command "
      "again to resume")])
-def test_memory_and_space_errors_are_one_line_and_keep_the_shards(
+def test_memory_and_space_errors_are_one_line_and_keep_the_parts(
         tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch, exc: BaseException,
         message: str) -> None:
     (tmp_path / "src").mkdir()
     sources = _sources(tmp_path / "src")
     out = tmp_path / "store"
-    _after_shards(monkeypatch, fmt, 1, _raise(exc))
+    _after_parts(monkeypatch, fmt, 1, _raise(exc))
     result = CliRunner().invoke(main, ["convert", *map(str, sources), "--format", fmt,
                                        "--out", str(out), "--window", "8", "-q",
-                                       "--block-rows", "128", "--shards", "6"])
+                                       "--block-rows", "128", "--parts", "6"])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert message in result.output, result.output
-    if isinstance(exc, OSError):  # named: the shard's files in the workspace
+    if isinstance(exc, OSError):  # named: the part's files in the workspace
         assert f"{_workspace(out) / 'data'}" in result.output
     assert len(list((_workspace(out) / "_resume").glob("shard-*.json"))) == 1
 
@@ -268,12 +268,12 @@ def test_a_file_too_large_names_the_file_and_the_same_command_resumes(
     np.save(source, np.random.default_rng(0).normal(size=(200_000, 4)).astype(np.float32))
     out = tmp_path / "store"
     argv = ["convert", str(source), "--format", fmt, "--out", str(out), "--window", "8",
-            "--shards", "2", "-q"]
+            "--parts", "2", "-q"]
     failed = _cli(*argv, preexec_fn=_file_size_limit(200 << 10))
     first = failed.stderr.splitlines()[0] if failed.stderr else ""
     assert failed.returncode == 2, failed.stderr[-2000:]
     assert first.startswith(f"windowkit: error: {_workspace(out) / 'data'}"), first
-    assert "File too large while writing shard 0; the finished shards are kept: make room " \
+    assert "File too large while writing part 0; the finished parts are kept: make room " \
            "and run the same command again to resume" in first
     assert failed.stderr.count("\n") == 1, failed.stderr  # zarr's threads print nothing after
     assert not out.exists() and _workspace(out).is_dir()
@@ -282,18 +282,18 @@ def test_a_file_too_large_names_the_file_and_the_same_command_resumes(
 
 
 # -- processes end together ------------------------------------------------------------------
-# The child is a file, so that spawned workers import it too: every format's shard
-# writer sleeps ``SHARD_DELAY`` before each shard, in the workers as in the main process.
+# The child is a file, so that spawned workers import it too: every format's part
+# writer sleeps ``PART_DELAY`` before each part, in the workers as in the main process.
 _CHILD = """
 import os, time
 from windowkit.formats import FORMATS, get_format
 
 for name in FORMATS:
     storage = type(get_format(name))
-    def slow(self, *args, _original=storage.write_shard):
-        time.sleep(float(os.environ.get("SHARD_DELAY", "0")))
+    def slow(self, *args, _original=storage.write_part):
+        time.sleep(float(os.environ.get("PART_DELAY", "0")))
         return _original(self, *args)
-    storage.write_shard = slow
+    storage.write_part = slow
 if __name__ == "__main__":
     from windowkit.cli import main
     main()
@@ -302,7 +302,7 @@ if __name__ == "__main__":
 
 def _start_workers(tmp_path: Path, fmt: str, *extra: str
                    ) -> tuple[subprocess.Popen[str], list[str], Path]:
-    """A ``convert --workers 2`` in a child process, returned once two shards are
+    """A ``convert --workers 2`` in a child process, returned once two parts are
     finished (its workers busy with the next ones), with its argv and target."""
     (tmp_path / "src").mkdir(exist_ok=True)
     child = tmp_path / "child.py"
@@ -310,9 +310,9 @@ def _start_workers(tmp_path: Path, fmt: str, *extra: str
     out = tmp_path / "store"
     argv = [sys.executable, str(child), "convert", *map(str, _sources(tmp_path / "src")),
             "--format", fmt, "--out", str(out), "--window", "8", "-q", "--workers", "2",
-            "--block-rows", "128", "--shards", "12", *extra]
+            "--block-rows", "128", "--parts", "12", *extra]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "SHARD_DELAY": "0.5"})
+                            env={**os.environ, "PART_DELAY": "0.5"})
     deadline = time.monotonic() + 120
     while len(list((_workspace(out) / "_resume").glob("shard-*.json"))) < 2:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -352,7 +352,7 @@ def test_kill_9_of_the_main_process_ends_its_workers(tmp_path: Path) -> None:
     proc.wait()
     assert _wait_gone(children, 5) == [], "workers outlived the main process"
     before = _snapshot(_workspace(out))
-    time.sleep(1.2)  # longer than a shard's delay: a live worker would write meanwhile
+    time.sleep(1.2)  # longer than a part's delay: a live worker would write meanwhile
     assert _snapshot(_workspace(out)) == before, "something wrote after the main process died"
 
 
@@ -369,7 +369,7 @@ def test_a_signal_is_one_line_and_the_same_command_resumes(
     assert proc.wait(timeout=60) == code
     stderr = proc.stderr.read() if proc.stderr else ""
     assert stderr == (f"windowkit: error: the conversion was interrupted "
-                      f"({signal.Signals(signum).name}); the finished shards are kept: run "
+                      f"({signal.Signals(signum).name}); the finished parts are kept: run "
                       "the same command again to resume it\n")
     assert _wait_gone(children, 5) == []
     assert not out.exists() and len(list((_workspace(out) / "_resume").glob("shard-*"))) >= 2

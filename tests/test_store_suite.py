@@ -367,9 +367,9 @@ def test_parallel_convert_writes_the_same_store(fmt: str, tmp_path: Path) -> Non
     series = _numbered_series([700, 45, 900])
     spec = wk.WindowSpec(6, stride=2, horizon=1)
     one = wk.convert(series, tmp_path / "one", format=fmt, window=spec, block_rows=64,
-                     shards=5)
+                     parts=5)
     two = wk.convert(series, tmp_path / "two", format=fmt, window=spec, block_rows=64,
-                     shards=5, workers=2)
+                     parts=5, workers=2)
     assert _data_and_index_bytes(one) == _data_and_index_bytes(two)
     assert one.info["normalization"] == two.info["normalization"]
     assert one.info["data"] == two.info["data"]
@@ -379,7 +379,7 @@ def test_parallel_convert_reports_the_first_bad_row(fmt: str, tmp_path: Path) ->
     series = _numbered_series([300, 300])
     series[1][123, 1] = np.nan
     with pytest.raises(wk.SourceError, match="series '1': row 123, column 1 is nan"):
-        wk.convert(series, tmp_path / "s", format=fmt, window=4, block_rows=32, shards=4,
+        wk.convert(series, tmp_path / "s", format=fmt, window=4, block_rows=32, parts=4,
                    workers=2)
     assert not list(tmp_path.iterdir())
 

@@ -239,7 +239,7 @@ def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
     opening gives the old store. After the swap the old reader says the store
     was replaced, a new open reads exactly the new windows, and only the new
     store's objects remain (under its generation folder)."""
-    from windowkit import manifest as manifest_module
+    from windowkit import guard as manifest_module
 
     url = f"{s3_bucket}/s"
     old, new = _series([300, 200]), _series([250], seed=1)

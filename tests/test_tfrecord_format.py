@@ -1,5 +1,5 @@
 """What only the TFRecord format promises: plain-tf.data interop, a pure graph,
-shards, halos, on-disk size, and CRC-checked random access."""
+parts, halos, on-disk size, and CRC-checked random access."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_plain_tf_data_reads_every_row_and_halo(tmp_path: Path, compression: str
     series = _series([300, 17, 450])
     spec = wk.WindowSpec(8, horizon=2)
     store = wk.convert(series, tmp_path / "s", format="tfrecord", window=spec, block_rows=64,
-                       compression=compression, shards=3)
+                       compression=compression, parts=3)
     records = _read_without_windowkit(store.path / "data",
                                       "GZIP" if compression == "gzip" else "")
     rebuilt: dict[int, list[np.ndarray]] = {0: [], 1: [], 2: []}
@@ -60,9 +60,9 @@ def test_plain_tf_data_reads_every_row_and_halo(tmp_path: Path, compression: str
         np.testing.assert_array_equal(np.concatenate(parts), series[sid])
 
 
-def test_shards_are_named_and_counted(tmp_path: Path) -> None:
+def test_parts_are_named_and_counted(tmp_path: Path) -> None:
     store = wk.convert(_series([1000]), tmp_path / "s", format="tfrecord", window=4,
-                       block_rows=32, shards=3)
+                       block_rows=32, parts=3)
     names = sorted(p.name for p in (store.path / "data").glob("*.tfrecord"))
     assert names == [f"part-0000{i}-of-00003.tfrecord" for i in range(3)]
     assert [s["records"] for s in store.info["data"]["shards"]] == [10, 11, 11]  # 32 blocks
@@ -91,7 +91,7 @@ def test_the_epoch_order_is_in_the_graph_and_python_only_reads_groups(tmp_path: 
     runs once per group of blocks (a stateless numpy_function reading them);
     uniform batches are one stateless numpy_function call per chunk of batches."""
     store = wk.convert(_series([500, 300]), tmp_path / "s", format=fmt,
-                       window=wk.WindowSpec(8, horizon=1), block_rows=64, shards=2)
+                       window=wk.WindowSpec(8, horizon=1), block_rows=64, parts=2)
     ops = _graph_ops(store.tf_dataset("train", 32, shuffle="blocks", normalize=True))
     assert not {op for op in ops if "Generator" in op}
     assert {"PyFuncStateless", "RandomDatasetV2", "StatelessShuffle", "GatherV2"} <= ops
@@ -108,23 +108,23 @@ READ_ERRORS = (tf.errors.OpError, wk.StoreError)
 def test_random_access_detects_a_flipped_byte(tmp_path: Path) -> None:
     series = _series([400])
     store = wk.convert(series, tmp_path / "s", format="tfrecord", window=8, block_rows=64)
-    shard = next((store.path / "data").glob("*.tfrecord"))
-    data = bytearray(shard.read_bytes())
+    part = next((store.path / "data").glob("*.tfrecord"))
+    data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0x01
-    shard.write_bytes(bytes(data))
+    part.write_bytes(bytes(data))
     reopened = wk.open_store(store.path)
-    with pytest.raises(wk.StoreError, match=rf"{shard.name}: record \d+ at byte \d+: .*CRC"):
+    with pytest.raises(wk.StoreError, match=rf"{part.name}: record \d+ at byte \d+: .*CRC"):
         reopened.windows("train", np.arange(reopened.num_windows("train")))
-    with pytest.raises(READ_ERRORS, match=rf"{shard.name}: record \d+ at byte \d+: .*CRC"):
+    with pytest.raises(READ_ERRORS, match=rf"{part.name}: record \d+ at byte \d+: .*CRC"):
         collect_epoch(reopened.tf_dataset("train", 16))
 
 
 def test_random_access_detects_truncation(tmp_path: Path) -> None:
     store = wk.convert(_series([400]), tmp_path / "s", format="tfrecord", window=8,
                        block_rows=64)
-    shard = next((store.path / "data").glob("*.tfrecord"))
-    shard.write_bytes(shard.read_bytes()[:-10])
-    with pytest.raises(wk.StoreError, match=rf"{shard.name}: record 6 at byte \d+: "
+    part = next((store.path / "data").glob("*.tfrecord"))
+    part.write_bytes(part.read_bytes()[:-10])
+    with pytest.raises(wk.StoreError, match=rf"{part.name}: record 6 at byte \d+: "
                                             r"file is truncated"):
         wk.open_store(store.path).windows("train", [390])
 
@@ -154,10 +154,10 @@ def test_tf_dataset_reads_only_the_records_holding_the_splits_windows(tmp_path: 
     records = pq.read_table(store.path / "data" / "records.parquet").to_pydict()
     first = 0  # series 0's first record: rows 0..63, training rows only
     assert records["series"][first] == 0 and records["row"][first] == 0
-    shard = store.path / records_path(store, records["shard"][first])
-    data = bytearray(shard.read_bytes())
+    part = store.path / records_path(store, records["shard"][first])
+    data = bytearray(part.read_bytes())
     data[records["offset"][first] + records["bytes"][first] // 2] ^= 0x01
-    shard.write_bytes(bytes(data))
+    part.write_bytes(bytes(data))
     reopened = wk.open_store(store.path)
     val_x, _ = collect_epoch(reopened.tf_dataset("val", 64, shuffle=False))
     np.testing.assert_array_equal(val_x, expected_val)
@@ -165,15 +165,15 @@ def test_tf_dataset_reads_only_the_records_holding_the_splits_windows(tmp_path: 
         collect_epoch(reopened.tf_dataset("train", 64))
 
 
-def records_path(store: wk.Store, shard: int) -> str:
-    return store.manifest.data["shards"][shard]["path"]
+def records_path(store: wk.Store, part: int) -> str:
+    return store.manifest.data["shards"][part]["path"]
 
 
-def test_tf_dataset_names_a_truncated_shard_file(tmp_path: Path) -> None:
+def test_tf_dataset_names_a_truncated_part_file(tmp_path: Path) -> None:
     store = wk.convert(_series([400]), tmp_path / "s", format="tfrecord", window=8,
                        block_rows=64)
-    shard = next((store.path / "data").glob("*.tfrecord"))
-    shard.write_bytes(shard.read_bytes()[:-10])
-    with pytest.raises(READ_ERRORS, match=rf"{shard.name}: record 6 at byte \d+: "
+    part = next((store.path / "data").glob("*.tfrecord"))
+    part.write_bytes(part.read_bytes()[:-10])
+    with pytest.raises(READ_ERRORS, match=rf"{part.name}: record 6 at byte \d+: "
                                           r"file is truncated"):
         collect_epoch(wk.open_store(store.path).tf_dataset("train", 32))

@@ -134,7 +134,7 @@ def test_a_shard_reads_only_its_own_blocks(tmp_path: Path) -> None:
     """Damage the last record of a TFRecord store: shard 0 (the first blocks) still
     reads, shard 1 names the damage."""
     store = wk.convert(_tagged([700, 900]), tmp_path / "s", format="tfrecord",
-                       window=8, block_rows=64, shards=2)
+                       window=8, block_rows=64, parts=2)
     last = sorted((tmp_path / "s" / "data").glob("*.tfrecord"))[-1]
     blob = bytearray(last.read_bytes())
     blob[-20] ^= 0xFF

@@ -75,9 +75,9 @@ def test_spilled_equals_in_memory(numbered_store: tuple[wk.Store, list[np.ndarra
     store, _ = numbered_store
     plan = store.read_plan("train")
     held = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=1 << 30,
-                          parts=plan.parts(True))
+                          parts=plan.store.parts(True))
     spilled = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=TINY,
-                             parts=plan.parts(True))
+                             parts=plan.store.parts(True))
     assert not held.held.spilled and spilled.held.spilled
     for index in (0, 3, -(-plan.num_windows // 50) - 1):
         a, b = held.batch(99, index), spilled.batch(99, index)
@@ -106,7 +106,7 @@ def test_normalized_dict_batches_match_random_access(
     store, _ = numbered_store
     plan = store.read_plan("train")
     source = uniform_source(plan, batch_size=40, seed=5, normalize=True, memory_budget=TINY,
-                            parts=plan.parts(True))
+                            parts=plan.store.parts(True))
     key = source.order.epoch_key(1)
     starts, _ = source.order.starts(key, 40, 80)  # batch 1
     every = plan.runs.global_starts(np.arange(plan.num_windows))  # ascending

@@ -25,14 +25,15 @@ import resource
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from windowkit.errors import InvalidSpecError, WindowkitError
-from windowkit.readers.plan import ReadPlan
+from windowkit.formats import RowReader
+from windowkit.readers.plan import StoreAccess
 
 if TYPE_CHECKING:
     from windowkit.store import Store
@@ -176,8 +177,7 @@ def _batch_size_of(batch: Any) -> tuple[int, int]:
 def _window_bytes(store: Store) -> int:
     """Bytes of one window's rows (all features, inputs and horizon): the
     estimate used before any batch was read."""
-    row_bytes = store.dtype.itemsize * int(np.prod(store.step_shape, dtype=np.int64))
-    return (store.spec.length + store.spec.horizon) * row_bytes
+    return (store.spec.length + store.spec.horizon) * store.layout.row_bytes
 
 
 class _Epochs:
@@ -224,7 +224,7 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
     from windowkit.readers.tf import batch_cutter
 
     plan = store.read_plan(split)  # the read + decode stage, alone
-    parts = plan.parts(False)  # the reader's batches: dict parts where the store has them
+    parts = plan.store.parts(False)  # the reader's batches: dict parts where the store has them
     blocks = block_groups(plan, shuffle=True, seed=seed, shuffle_blocks=None,
                           cache_bytes=DEFAULT_CACHE_BYTES, with_series=parts.series)
     first: list[Any] = []
@@ -241,7 +241,7 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
         limit = batches or GATHER_BATCHES
         repeat = 2 + (limit + 1) * batch_size // int(tf.size(first[0][1]))
         cut = tf.data.Dataset.from_tensors(tuple(first[0])).repeat(repeat).flat_map(
-            batch_cutter(store.spec, batch_size, None, plan.target_index, parts))
+            batch_cutter(store.spec, batch_size, None, plan.store.target_index, parts))
         gather = _time_elements(_skip(cut, 1), limit, _batch_size_of)
         gather.name = "gather"
     return [read, gather]
@@ -274,7 +274,7 @@ def _keras_stages(store: Store, split: str, batch_size: int, seed: int,
     return [read, timed]
 
 
-class _RowNumbers:
+class _RowNumbers(RowReader):
     """A row reader whose rows hold their own global row numbers (float64)."""
 
     def __init__(self, block_rows: int) -> None:
@@ -285,11 +285,11 @@ class _RowNumbers:
 
 
 @dataclass(frozen=True)
-class _NumberedPlan(ReadPlan):
-    """A read plan whose rows are their row numbers: the readers' order, no data."""
+class _NumberedStore(StoreAccess):
+    """A store whose rows are their row numbers: the readers' order, no data."""
 
     def row_reader(self) -> _RowNumbers:
-        return _RowNumbers(self.block_rows)
+        return _RowNumbers(self.layout.block_rows)
 
 
 def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuffle: str,
@@ -300,13 +300,13 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
     from windowkit.readers._global import choose_shuffle
 
     plan = store.read_plan(split)
-    numbered = _NumberedPlan(**{**plan.__dict__, "dtype": np.dtype(np.float64),
-                                "step_shape": (1,), "statistics": None, "target_index": None,
-                                "known_index": None, "static_values": None,
-                                "static_statistics": None})
+    layout = replace(plan.layout, dtype=np.dtype(np.float64), step_shape=(1,))
+    numbered = replace(plan, store=_NumberedStore(**{
+        **plan.store.__dict__, "layout": layout, "statistics": None, "target_index": None,
+        "known_index": None, "static_values": None, "static_statistics": None}))
     # the stand-in's rows are 8 bytes: scale the byte budgets so that the groups
     # of blocks, which they size, are those of the real store
-    scale = numbered.row_bytes / plan.row_bytes
+    scale = layout.row_bytes / plan.layout.row_bytes
     real = choose_shuffle(plan, SHUFFLES[shuffle])  # what the real store's reader does
     cache_bytes = max(1, int(real.cache_bytes * scale))
     budget = max(1, int(real.memory_budget * scale))

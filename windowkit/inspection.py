@@ -20,9 +20,6 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     storage = get_format(m.format)
     data_bytes = sum(f.bytes for f in m.files if f.path.startswith("data/"))
     total_bytes = sum(f.bytes for f in m.files)
-    row_bytes = store.dtype.itemsize
-    for dim in m.step_shape:
-        row_bytes *= dim
     order = [n for n in m.options.get("split") or [] if n in m.splits] or sorted(m.splits)
     unit = m.series.get("time_unit", "")
     return {
@@ -52,7 +49,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
                                for k in ("first_time", "last_time")]
                         for name in order if m.splits[name].get("first_time") is not None},
         "block_rows": m.block_rows,
-        "block_bytes": m.block_rows * row_bytes,
+        "block_bytes": m.block_rows * store.layout.row_bytes,
         "compression": m.data.get("compression"),
         "raw_bytes": m.data.get("raw_bytes"),
         "data_bytes_on_disk": data_bytes,

@@ -9,18 +9,16 @@ links. Opening never writes.
 Every conversion gets a *store id*, a digest of everything the store's bytes
 depend on (sources, options, windowkit's version). Data files carry it where
 their format allows, and readers check it whenever they open files lazily
-(:class:`StoreGuard`), so a store replaced under a running reader is an error,
-never a mix of old and new files.
+(:class:`windowkit.guard.StoreGuard`), so a store replaced under a running
+reader is an error, never a mix of old and new files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import stat
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,17 +40,16 @@ from windowkit._schema import (
     Strict,
     describe_error,
 )
-from windowkit.errors import NotAStoreError, StoreError, StoreReplacedError
+from windowkit.errors import StoreError
 from windowkit.formats import FORMATS
-from windowkit.location import as_url_path, is_remote, remote_errors
+from windowkit.guard import MANIFEST_NAME, read_manifest_bytes
+from windowkit.location import is_remote
 from windowkit.spec import WindowSpec
 
-MANIFEST_NAME = "windowkit.json"
 #: ``root``: the folder of the store (one path segment) its files live under, or "".
 GENERATION_PATTERN = r"^(|[A-Za-z0-9][A-Za-z0-9_-]{0,63})$"
 FORMAT_VERSION = 3
 CHECKSUM = "sha256"
-MAX_MANIFEST_BYTES = 256 << 20
 STATIC_PREFIX = "static_"  # series.parquet column of a static feature: static_<name>
 #: Every dtype a store may hold (numpy names).
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -339,48 +336,6 @@ class Manifest:
         return manifest
 
 
-def read_manifest_bytes(root: Path) -> bytes:
-    """The bytes of ``root/windowkit.json`` (a regular file, not a link)."""
-    path = root / MANIFEST_NAME
-    if is_remote(root):
-        return _read_remote_manifest(root)
-    if not root.exists():
-        raise NotAStoreError(f"{root}: no such store")
-    if not root.is_dir():
-        raise NotAStoreError(f"{root}: is a file, not a windowkit store (a store is a "
-                             "directory that windowkit convert writes)")
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise NotAStoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise StoreError(f"{path}: is not a regular file (a link or a directory)")
-    if info.st_size > MAX_MANIFEST_BYTES:
-        raise StoreError(f"{path}: {info.st_size} bytes, larger than any manifest")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read(MAX_MANIFEST_BYTES + 1)
-
-
-def _read_remote_manifest(root: Path) -> bytes:
-    """The manifest object's bytes (object storage has no links)."""
-    path = root / MANIFEST_NAME
-    with remote_errors(root):
-        try:
-            size = int(path.stat().st_size)
-        except FileNotFoundError:
-            if (root / ".windowkit-incomplete").exists():  # conversion._remote.INCOMPLETE
-                raise StoreError(f"{root}: not a windowkit store yet: a conversion is "
-                                 "publishing one here (its manifest comes last); open it "
-                                 "again when it finishes, or if none runs, run that convert "
-                                 "again") from None
-            raise NotAStoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME}; check "
-                                 "the bucket and the prefix)") from None
-        if size > MAX_MANIFEST_BYTES:
-            raise StoreError(f"{path}: {size} bytes, larger than any manifest")
-        return path.read_bytes()
-
-
 def refuse_links(root: Path, paths: list[str]) -> None:
     """Raise if any of ``paths`` (relative to ``root``) or a directory on the way
     is a symbolic link: a store never holds links, and one could lead outside."""
@@ -401,78 +356,3 @@ def refuse_links(root: Path, paths: list[str]) -> None:
             if stat.S_ISLNK(mode):
                 raise StoreError(f"{root / step}: is a symbolic link; a store's files are "
                                  "never links (one could lead outside the store)")
-
-
-def read_store_id(root: Path) -> str | None:
-    """The store id in ``root``'s manifest, without validating the rest (None if
-    there is no readable manifest)."""
-    try:
-        value = json.loads(read_manifest_bytes(root)).get("store_id")
-    except (OSError, ValueError, AttributeError, RecursionError, StoreError):
-        return None
-    return value if isinstance(value, str) else None
-
-
-REMOTE_CHECK_SECONDS = 1.0  # object storage: how often a reader asks for the manifest
-
-
-class StoreGuard:
-    """Notices that the store at ``root`` was replaced while it is being read.
-
-    Readers call :meth:`check` after opening (or reading) a data file. A
-    replaced store is a new directory: when the root's identity changed, the
-    manifest's store id must still be the one the reader started with. On
-    object storage the identity is the manifest object's ETag, and asking for
-    it is a request: it is asked at most every ``REMOTE_CHECK_SECONDS`` (a
-    replacing store's objects go under other keys, the old ones are deleted
-    only after the new manifest is written).
-    Pickles as path and id; a new process checks the id on first use.
-    """
-
-    def __init__(self, root: Path, store_id: str) -> None:
-        self.root = root
-        self.store_id = store_id
-        self._identity: tuple[Any, ...] | None = None
-        self._asked_at = -math.inf  # when the remote identity was last asked
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_identity": None, "_asked_at": -math.inf}
-
-    def check(self, *, fresh: bool = False) -> None:
-        """Raise :class:`StoreReplacedError` if the store was replaced; ``fresh``
-        asks object storage now (before a read failure is called corruption)."""
-        if is_remote(self.root):
-            now = time.monotonic()
-            if (not fresh and self._identity is not None
-                    and now - self._asked_at < REMOTE_CHECK_SECONDS):
-                return
-            identity, self._asked_at = self._remote_identity(), now
-        else:
-            identity = self._local_identity()
-        if identity is not None and identity == self._identity:
-            return
-        current = read_store_id(self.root)
-        if current != self.store_id:
-            now_is = f"store id {current[:12]}" if current else "no store"
-            raise StoreReplacedError(
-                f"{self.root}: the store was replaced while it was being read (opened as "
-                f"store id {self.store_id[:12]}, now {now_is}); open it again")
-        self._identity = identity
-
-    def _local_identity(self) -> tuple[Any, ...] | None:
-        """The root directory's device and inode: a replaced store is a new directory."""
-        try:
-            info = os.stat(self.root)
-        except OSError:
-            return None
-        return (info.st_dev, info.st_ino)
-
-    def _remote_identity(self) -> tuple[Any, ...] | None:
-        """The manifest object's ETag and size: a new store writes a new manifest."""
-        manifest = as_url_path(self.root / MANIFEST_NAME)
-        try:
-            info = manifest.fs.info(manifest.path)
-        except (OSError, ValueError):
-            return None
-        return (info.get("ETag") or info.get("mtime") or info.get("LastModified"),
-                info.get("size"))

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit._schema import check_columns
 from windowkit.errors import (
     InvalidSpecError,
     StoreError,
@@ -20,19 +18,21 @@ from windowkit.errors import (
     check_int,
 )
 from windowkit.formats import RowReader
+from windowkit.guard import StoreGuard
 from windowkit.index import IndexLimits, WindowRuns, iter_index
-from windowkit.location import open_parquet, resolve
-from windowkit.manifest import STATIC_PREFIX, Manifest, StoreGuard
+from windowkit.layout import RowLayout
+from windowkit.location import resolve
+from windowkit.manifest import Manifest
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
     ReadPlan,
-    StoreRows,
+    StoreAccess,
     WindowGather,
     check_budget,
     check_shuffle,
 )
+from windowkit.series_table import SeriesTable
 from windowkit.spec import WindowSpec
-from windowkit.splits import window_range_columns
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -127,26 +127,7 @@ class Store:
     @cached_property
     def static_values(self) -> np.ndarray | None:
         """``[series, S]`` float64: each series' static features (None: none)."""
-        names = self.manifest.static_columns
-        if not names:
-            return None
-        table = self.series_table
-        missing = [n for n in names if STATIC_PREFIX + n not in table.column_names]
-        if missing:
-            raise StoreError(f"{self.root / 'series.parquet'}: no column "
-                             f"{STATIC_PREFIX + missing[0]!r} for static feature {missing[0]!r}")
-        where = self.root / "series.parquet"
-        try:
-            values = np.column_stack([table.column(STATIC_PREFIX + n).to_numpy()
-                                      .astype(np.float64) for n in names])
-        except (ValueError, TypeError) as exc:  # ArrowInvalid is a ValueError
-            raise StoreError(f"{where}: static features are not numbers ({exc})") from exc
-        bad = np.argwhere(~np.isfinite(values))
-        if len(bad):  # conversion writes only finite values: the table was changed
-            series, column = bad[0]
-            raise StoreError(f"{where}: static feature {names[column]!r} of series {series} "
-                             f"is {values[series, column]} (missing or not finite)")
-        return values
+        return self._series.static_values()
 
     @property
     def splits(self) -> list[str]:
@@ -163,63 +144,21 @@ class Store:
         return int(self._split(split)["windows"])
 
     @cached_property
+    def _series(self) -> SeriesTable:
+        return SeriesTable(self.root, self.manifest, self.guard)
+
+    @property
     def series_table(self) -> Any:
-        """``series.parquet`` as a pyarrow Table (one row per series), checked:
-        its columns and types, one row per series in order, rows and offsets
-        adding up to the store's rows, each split's row ranges inside its series."""
-        path = self.root / "series.parquet"
-        count = self.manifest.series["count"]
-        try:
-            handle = open_parquet(path, page_checksum_verification=True)
-            check_columns(path, handle.schema_arrow, self._series_columns(), "series table")
-            table = handle.read()
-        except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
-            if isinstance(exc, StoreError):
-                raise
-            raise StoreError(f"{path}: cannot read ({exc})") from exc
-        self.guard.check()
-        if len(table) != count:
-            raise StoreError(f"{path}: holds {len(table)} series, the manifest says {count}")
-        missing = [name for name in self._series_columns() if table.column(name).null_count]
-        if missing:
-            raise StoreError(f"{path}: column {missing[0]!r} has missing values")
-        column = {name: table.column(name).to_numpy(zero_copy_only=False)
-                  for name in self._series_columns()}
-        if not np.array_equal(column["series"], np.arange(count)):
-            raise StoreError(f"{path}: column 'series' is not 0..{count - 1} in order")
-        rows, offsets = column["rows"], column["row_offset"]
-        if (rows.min() < 1 or not np.array_equal(offsets, np.cumsum(rows) - rows)
-                or int(rows.sum()) != self.manifest.total_rows):
-            raise StoreError(f"{path}: series rows and offsets do not add up to the store's "
-                             f"{self.manifest.total_rows} rows")
-        for split in self.splits:
-            first, end = (column[name] for name in window_range_columns(split))
-            bad = np.flatnonzero((first < 0) | (end < first) | (end > rows))
-            if len(bad):
-                raise StoreError(f"{path}: series {int(bad[0])}: split {split!r} covers rows "
-                                 f"{int(first[bad[0]])}..{int(end[bad[0]])}, outside its "
-                                 f"{int(rows[bad[0]])} rows")
-        return table
-
-    def _series_columns(self) -> dict[str, Any]:
-        """The columns ``series.parquet`` must have, and their types (or a check)."""
-        import pyarrow as pa
-
-        columns: dict[str, Any] = {"series": pa.int32(), "key": pa.string(),
-                                   "rows": pa.int64(), "row_offset": pa.int64(),
-                                   "windows": pa.int64()}
-        for split in self.splits:
-            columns.update(dict.fromkeys(window_range_columns(split), pa.int64()))
-        return columns  # static features: checked with their values (static_values)
+        """``series.parquet`` as a pyarrow Table (one row per series: ``series``,
+        ``key``, ``rows``, ``row_offset``, ``windows``, each split's row range
+        and the static features), checked against the manifest."""
+        return self._series.table
 
     def split_rows(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """Per series, the first row and the end of the rows the windows of
         ``split`` lie in (``series.parquet``)."""
         self._split(split)
-        first, end = window_range_columns(split)
-        table = self.series_table
-        return (table.column(first).to_numpy().astype(np.int64),
-                table.column(end).to_numpy().astype(np.int64))
+        return self._series.split_rows(split)
 
     # -- the window index -------------------------------------------------------------
     def index(self, split: str = "train") -> np.ndarray:
@@ -237,19 +176,18 @@ class Store:
         :class:`windowkit.index.IndexLimits`): inside the split's rows, on the
         series' stride grid."""
         first, end = self.split_rows(split)
-        return IndexLimits(self.series_table.column("rows").to_numpy().astype(np.int64),
-                           first=first, end=end, span=self.spec.span, length=self.spec.length,
-                           stride=self.spec.stride)
+        spec = self.spec
+        return IndexLimits(self._series.int_column("rows"), first=first, end=end,
+                           span=spec.span, length=spec.length, stride=spec.stride)
 
     def runs(self, split: str = "train") -> WindowRuns:
         """The split's windows in compact form (memory grows with series, not windows),
         each index entry checked (:meth:`index_limits`)."""
         with self._lock:
             if split not in self._runs:
-                table = self.series_table
                 self._runs[split] = WindowRuns.from_index(
                     self.root / self._split(split)["index"], stride=self.spec.stride,
-                    row_offset=table.column("row_offset").to_numpy().astype(np.int64),
+                    row_offset=self._series.int_column("row_offset"),
                     limits=self.index_limits(split))
                 self.guard.check()
                 if self._runs[split].total != self.num_windows(split):
@@ -262,15 +200,20 @@ class Store:
 
     # -- reading windows --------------------------------------------------------------
     @cached_property
-    def rows(self) -> StoreRows:
-        """The store's rows and how to read them (what every reader starts from)."""
+    def layout(self) -> RowLayout:
+        """The stored rows: dtype, step shape, count and storage blocks."""
         m = self.manifest
-        return StoreRows(path=self.root, format=m.format, spec=self.spec, dtype=self.dtype,
-                         step_shape=self.step_shape, total_rows=m.total_rows,
-                         block_rows=m.block_rows, data=m.data, store_id=m.store_id,
-                         statistics=m.normalization, target_index=self.target_index,
-                         known_index=self.known_index, static_values=self.static_values,
-                         static_statistics=m.static_statistics, guard=self.guard)
+        return RowLayout(self.dtype, self.step_shape, m.total_rows, m.block_rows)
+
+    @cached_property
+    def access(self) -> StoreAccess:
+        """The store opened for reading (what every reader starts from)."""
+        m = self.manifest
+        return StoreAccess(path=self.root, format=m.format, spec=self.spec, layout=self.layout,
+                           data=m.data, store_id=m.store_id, statistics=m.normalization,
+                           target_index=self.target_index, known_index=self.known_index,
+                           static_values=self.static_values,
+                           static_statistics=m.static_statistics, guard=self.guard)
 
     def read_plan(self, split: str = "train") -> ReadPlan:
         """What a reader needs to read ``split``: the rows and the split's windows
@@ -278,18 +221,17 @@ class Store:
         if self.num_windows(split) == 0:
             raise InvalidSpecError(f"split {split!r} of store {self.path} holds no windows, "
                                    "so there is nothing to read (see windowkit inspect)")
-        return ReadPlan(**{f.name: getattr(self.rows, f.name) for f in fields(StoreRows)},
-                        split=split, runs=self.runs(split))
+        return ReadPlan(self.access, split=split, runs=self.runs(split))
 
     def row_reader(self) -> RowReader:
-        return self.rows.row_reader()
+        return self.access.row_reader()
 
     def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
         """A new gatherer with its own block cache of ``cache_bytes``."""
-        return self.rows.window_gather(cache_bytes)
+        return self.access.window_gather(cache_bytes)
 
     def normalizer(self) -> Normalizer:
-        return self.rows.normalizer()
+        return self.access.normalizer()
 
     def windows(self, split: str, positions: Any, *, normalize: bool = False,
                 return_series: bool = False) -> Windows:
@@ -305,11 +247,11 @@ class Store:
             if self._gather is None:
                 self._gather = self.window_gather()
             gather = self._gather
-        parts = self.rows.parts(return_series)
-        x, horizon = gather.resolve(starts, parts.horizon_columns(self.target_index))
+        parts = self.access.parts(return_series)
+        x, horizon = gather.cut(starts, parts.horizon_columns(self.target_index))
         return parts.assemble(x, horizon, series if parts.series else None,
                               targets=self.target_index,
-                              norm=self.rows.normalizer() if normalize else None)
+                              norm=self.access.normalizer() if normalize else None)
 
     def _shard_plan(self, split: str, num_shards: int | None, shard_index: int | None,
                     *, shuffle: bool | str = True, memory_budget: int | None = None,

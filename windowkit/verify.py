@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from windowkit._progress import progress_bar
-from windowkit.conversion import walk_files
+from windowkit._walk import walk_files
 from windowkit.errors import NotAStoreError, StoreError, WindowkitError
 from windowkit.formats import get_format
 from windowkit.location import is_remote, list_objects, resolve

@@ -1,8 +1,9 @@
 """What a window is, defined once: the rows it reads, and cutting them.
 
 A window starting at row ``r`` reads inputs ``r + input_offsets`` and targets
-``r + target_offsets`` (:func:`window_row_offsets`). :func:`cut_windows` cuts a
-batch in NumPy (the Keras reader and random access); the ``tf.data`` readers cut
+``r + target_offsets`` (:func:`window_row_offsets`). :func:`cut_windows` (and
+:func:`cut_from_views`, from views made once) cuts a batch in NumPy (the Keras
+reader and random access); the ``tf.data`` readers cut
 in the graph with the same offsets (:func:`windowkit.readers.tf.batch_cutter`).
 The test suite checks the two against each other.
 """
@@ -37,8 +38,8 @@ def window_views(rows: np.ndarray, spec: WindowSpec) -> tuple[np.ndarray, np.nda
     return _sliding(rows, 0, spec.length, spec), targets if spec.horizon else None
 
 
-def take_windows(views: tuple[np.ndarray, np.ndarray | None], starts: np.ndarray,
-                 targets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def cut_from_views(views: tuple[np.ndarray, np.ndarray | None], starts: np.ndarray,
+                   targets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """The windows starting at ``starts`` from :func:`window_views`: one copy
     per window (four times faster than indexing every row); targets keep only
     the ``targets`` columns, if given."""
@@ -54,4 +55,4 @@ def cut_windows(rows: np.ndarray, starts: np.ndarray, spec: WindowSpec,
                 targets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """The windows starting at ``starts`` in ``rows``: ``x [B, L, ...]`` and, with
     a horizon, ``y [B, H, ...]`` (only the ``targets`` columns, if given)."""
-    return take_windows(window_views(rows, spec), np.asarray(starts, dtype=np.int64), targets)
+    return cut_from_views(window_views(rows, spec), np.asarray(starts, dtype=np.int64), targets)

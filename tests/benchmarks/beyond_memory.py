@@ -100,7 +100,7 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
         plan = store.read_plan("train")
         budget = BUDGET if mode.startswith("spilled") else 4 * plan.rows_bytes()
         source = uniform_source(plan, batch_size=BATCH, seed=0, normalize=False,
-                                memory_budget=budget, parts=plan.parts(False))
+                                memory_budget=budget, parts=plan.store.parts(False))
         if mode == "spilled, cold":
             source.held.evict()
         ds = uniform_dataset(source, seed=0, drop_remainder=False)

@@ -6,7 +6,7 @@ request for ``--latency-ms`` before forwarding it, as a far-away object store
 would. Each format's ``make bench`` store is converted locally, uploaded, and
 read for whole shuffled epochs by ``tf_dataset`` from local disk and from
 ``s3://`` (each in its own process); converting to ``s3://`` is timed too.
-Data files hold 2 MiB each (``SHARD_BYTES``), on disk and on S3 alike: moto
+Data files hold 2 MiB each (``PART_BYTES``), on disk and on S3 alike: moto
 reads a whole object to serve a ranged request, so big objects would measure
 moto, not the reader.
 
@@ -31,7 +31,7 @@ from typing import Any
 from tests.benchmarks.benchmark import BATCH, OUT, _make_throughput_data
 
 # small data files: the local S3 server (moto) copies a whole object to serve a range
-SHARD_BYTES = 2 << 20
+PART_BYTES = 2 << 20
 EPOCHS = 3  # read per measurement (the first one warms up)
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                "proxy-authorization", "proxy-authenticate"}
@@ -133,7 +133,7 @@ def child_convert(source: str, out: str, fmt: str) -> dict[str, Any]:
     import windowkit as wk
 
     start = time.perf_counter()
-    wk.convert(source, out, format=fmt, window=32, overwrite=True, shard_size=SHARD_BYTES)
+    wk.convert(source, out, format=fmt, window=32, overwrite=True, part_size=PART_BYTES)
     return {"seconds": time.perf_counter() - start}
 
 

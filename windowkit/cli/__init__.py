@@ -25,8 +25,8 @@ def main() -> None:
     # commands' modules) keeps them off stderr unless the user set
     # TF_CPP_MIN_LOG_LEVEL (windowkit._quiet)
     messages = logging.getLogger("windowkit")  # e.g. "resuming an interrupted conversion"
-    if not messages.handlers:
-        handler = logging.StreamHandler()  # stderr
+    if not any(isinstance(h, logging.StreamHandler) for h in messages.handlers):
+        handler = logging.StreamHandler()  # stderr (the package's own is a NullHandler)
         handler.setFormatter(logging.Formatter("windowkit: %(message)s"))
         messages.addHandler(handler)
         messages.setLevel(logging.INFO)

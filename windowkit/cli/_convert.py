@@ -70,14 +70,18 @@ from windowkit.formats import FORMAT_NAMES
 @click.option("--block-rows", type=int, default=None,
               help="Rows per storage block (chunk, record, row group); default: a power of "
                    "two near 1 MiB.")
-@click.option("--shard-size", type=ByteSize(), default="64MiB", show_default=True,
-              help="Raw bytes of rows per data file (TFRecord shard, Parquet part).")
-@click.option("--shards", type=int, default=None, help="Number of data files (overrides "
-              "--shard-size).")
+@click.option("--part-size", type=ByteSize(), default="64MiB", show_default=True,
+              help="Raw bytes of rows per part: a run of whole blocks, written as one data "
+                   "file (TFRecord, Parquet).")
+@click.option("--parts", type=int, default=None, help="Number of parts (overrides "
+              "--part-size).")
+# the old names of --part-size and --parts (data files were once called shards)
+@click.option("--shard-size", type=ByteSize(), default=None, hidden=True)
+@click.option("--shards", type=int, default=None, hidden=True)
 @click.option("--workers", type=int, default=1, show_default=True,
-              help="Processes writing shards in parallel.")
+              help="Processes writing parts in parallel.")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
-              help="Write the shards as tasks on the Dask cluster whose scheduler is at "
+              help="Write the parts as tasks on the Dask cluster whose scheduler is at "
                    "ADDRESS (e.g. tcp://10.0.0.5:8786); its workers must share --out's "
                    "file system.")
 @click.option("--overwrite", is_flag=True,
@@ -87,7 +91,8 @@ from windowkit.formats import FORMAT_NAMES
 @one_line_errors
 def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: int,
             sampling_rate: int, horizon: int, compression: str | None, seed: int,
-            block_rows: int | None, shard_size: int, shards: int | None, workers: int,
+            block_rows: int | None, part_size: int, parts: int | None,
+            shard_size: int | None, shards: int | None, workers: int,
             dask_address: str | None,
             overwrite: bool, quiet: bool, series_col: str | None, time_col: str | None,
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
@@ -96,7 +101,7 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             sort_memory: int, time_format: str | None, dtype: str | None) -> None:
     """Convert SOURCES into a store: .npy files or globs (one series each), or a
     table (long form with --series-col, or one wide series): a CSV or Parquet
-    file, several (files, globs), or a directory of Parquet parts (hive-style
+    file, several (files, globs), or a directory of Parquet files (hive-style
     partitions such as sensor=a/ become columns), read in path order as one.
 
     Running the same command again after an interruption resumes it. SIGINT
@@ -110,11 +115,12 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
 
     spec = WindowSpec(length=length, stride=stride, sampling_rate=sampling_rate, horizon=horizon)
     source: Any = sources[0] if len(sources) == 1 else list(sources)
-    with signals_interrupt("the conversion was", "the finished shards are kept: run the "
+    with signals_interrupt("the conversion was", "the finished parts are kept: run the "
                            "same command again to resume it"), cli_spelling():
         store = run_convert(
             source, out, format=fmt, window=spec, compression=compression, seed=seed,
-            block_rows=block_rows, shard_size=shard_size, shards=shards, workers=workers,
+            block_rows=block_rows, part_size=part_size, parts=parts, shard_size=shard_size,
+            shards=shards, workers=workers,
             dask=dask_address, overwrite=overwrite, progress=not quiet,
             series_col=series_col, time_col=time_col,
             columns=[c.strip() for c in columns.split(",")] if columns else None,

@@ -1,8 +1,10 @@
-"""Conversion: sources -> shards of rows in a format -> index tables -> manifest,
+"""Conversion: sources -> parts of rows in a format -> index tables -> manifest,
 built in a locked, resumable workspace and published atomically."""
 
+from windowkit._walk import walk_files
+from windowkit.conversion._parts import PartResult, true_runs
 from windowkit.conversion._pipeline import convert
-from windowkit.conversion._shards import ShardResult, true_runs
-from windowkit.conversion._workspace import Workspace, check_target, walk_files
+from windowkit.conversion._target import check_target
+from windowkit.conversion._workspace import Workspace
 
-__all__ = ["ShardResult", "Workspace", "check_target", "convert", "true_runs", "walk_files"]
+__all__ = ["PartResult", "Workspace", "check_target", "convert", "true_runs", "walk_files"]

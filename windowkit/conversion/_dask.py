@@ -1,11 +1,11 @@
-"""Shard tasks on a Dask cluster (``convert --dask ADDRESS``).
+"""Part tasks on a Dask cluster (``convert --dask ADDRESS``).
 
-Each shard is one task: a worker reads the shard's source rows and writes its
+Each part is one task: a worker reads the part's source rows and writes its
 data files straight to the target: uploaded into the workspace prefix for a
 URL target, or into the workspace directory for a path (a file system the
-workers share with the client). Tasks are idempotent (a shard's files are
+workers share with the client). Tasks are idempotent (a part's files are
 rewritten whole, with the same bytes), so Dask may retry them. The client
-records each shard as its task finishes and writes the tables and the
+records each part as its task finishes and writes the tables and the
 manifest after the last one.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from windowkit.errors import InvalidSpecError
 
 CONNECT_TIMEOUT = "10s"  # a scheduler that does not answer by then is an error
-RETRIES = 2  # per task: a worker lost mid-shard is retried elsewhere
+RETRIES = 2  # per task: a worker lost mid-part is retried elsewhere
 
 
 @contextmanager
@@ -51,7 +51,7 @@ def run_on_dask(client: Any, write: Callable[..., Any], tasks: list[tuple[int, t
     cancels the rest and raises)."""
     from distributed import as_completed
 
-    futures = {client.submit(write, *args, key=f"windowkit-shard-{number}-{id(tasks)}",
+    futures = {client.submit(write, *args, key=f"windowkit-part-{number}-{id(tasks)}",
                              retries=RETRIES, pure=False): number for number, args in tasks}
     try:
         for future in as_completed(list(futures), loop=client.loop):

@@ -1,4 +1,4 @@
-"""After the shards: the window index tables, the series table, the statistics
+"""After the parts: the window index tables, the series table, the statistics
 and the manifest, which is written last."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from windowkit._version import __version__
+from windowkit.conversion._parts import PartResult, merged_stats
 from windowkit.conversion._plan import StorePlan, history_hint, split_grid_windows
-from windowkit.conversion._shards import ShardResult, merged_stats
 from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import ConvertOptions
 from windowkit.errors import InvalidSpecError
@@ -58,7 +58,7 @@ def write_index_tables(root: Path, plan: StorePlan, missing: np.ndarray) -> Inde
     times run from its windows' first row (their first target under the history
     context: a val/test window's inputs may lie in an earlier split) to their
     last."""
-    shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its shards
+    shutil.rmtree(root / "index", ignore_errors=True)  # a run interrupted after its parts
     (root / "index").mkdir()
     summary = IndexSummary({}, np.zeros(len(plan.series), dtype=np.int64))
     history = history_rows(plan.layout.window)
@@ -195,7 +195,7 @@ def static_statistics(plan: StorePlan) -> dict[str, Any] | None:
 
 
 def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
-             results: list[ShardResult], data: dict[str, Any]) -> Manifest:
+             results: list[PartResult], data: dict[str, Any]) -> Manifest:
     """Write the index and series tables; return the store's manifest."""
     root = workspace.root
     missing = np.concatenate([r.missing for r in results])  # global rows, ascending
@@ -211,11 +211,11 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
     layout, names = plan.layout, plan.splits.names
     first = plan.series[0]
     return Manifest(
-        format=options.format, dtype=layout.dtype.name, step_shape=layout.step_shape,
+        format=options.format, dtype=layout.rows.dtype.name, step_shape=layout.rows.step_shape,
         columns=plan.columns, target_columns=plan.target_columns,
         known_columns=plan.known_columns, static_columns=plan.static_columns,
         static_statistics=static_statistics(plan), window=layout.window,
-        total_rows=layout.total_rows, block_rows=layout.block_rows, splits=index.splits,
+        total_rows=layout.rows.total_rows, block_rows=layout.rows.block_rows, splits=index.splits,
         series={"count": len(plan.series),
                 "too_short": int((plan.placement.rows < layout.window.span).sum()),
                 "gap_skipped_windows": index.gap_skipped,
@@ -226,12 +226,13 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
                     "time_zone": getattr(first, "time_zone", None)}
                    if options.table.time_col else {})},
         data=data, normalization=stats,
+        # "shard_size" and "shards": part_size and parts, under their on-disk keys (kept)
         options={"compression": options.compression, "seed": options.seed,
-                 "block_rows": options.block_rows, "shard_size": options.shard_size,
-                 "shards": options.shards, "windowkit": __version__, "nan": options.nan,
+                 "block_rows": options.block_rows, "shard_size": options.part_size,
+                 "shards": options.parts, "windowkit": __version__, "nan": options.nan,
                  "split": names, "split_context": options.split.context,
                  "normalization_rows": "train" if "train" in names else names[0]},
         source_fingerprint=plan.fingerprint, store_id=plan.store_id,
-        # shard files are in the workspace, or (for a URL target) already uploaded
+        # part files are in the workspace, or (for a URL target) already uploaded
         files=[known.get(f) or FileEntry.of(root, f)
                for f in sorted(set(workspace.files()) | set(known))])

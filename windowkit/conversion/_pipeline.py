@@ -1,12 +1,12 @@
 """The conversion pipeline, in small steps:
 
-plan (:mod:`._plan`) -> shard tasks written by an executor, resumable
-(:mod:`._shards`) -> the format's finish -> index tables, series table,
+plan (:mod:`._plan`) -> part tasks written by an executor, resumable
+(:mod:`._parts`) -> the format's finish -> index tables, series table,
 statistics, manifest (:mod:`._finalize`) -> publish (:mod:`._workspace`).
 
 Everything is written into a locked workspace beside the target and renamed
 into place only after the manifest, so an interrupted conversion never leaves a
-half store under the target name; running it again resumes from the shards it
+half store under the target name; running it again resumes from the parts it
 finished whose source rows are unchanged.
 
 The source files are pinned before they are read (:class:`SourcePins`) and
@@ -28,6 +28,7 @@ import numpy as np
 
 from windowkit._progress import human_size, progress_bar
 from windowkit.conversion._finalize import finalize
+from windowkit.conversion._parts import PartResult, source_digest, write_parts
 from windowkit.conversion._plan import StorePlan, plan_store
 from windowkit.conversion._remote import (
     check_remote_target,
@@ -36,14 +37,15 @@ from windowkit.conversion._remote import (
     upload_store,
     workspace_prefix,
 )
-from windowkit.conversion._shards import ShardResult, source_digest, write_shards
-from windowkit.conversion._workspace import Workspace, check_target
+from windowkit.conversion._target import check_target
+from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import (
-    DEFAULT_SHARD_BYTES,
+    DEFAULT_PART_BYTES,
     ConvertOptions,
     check_arguments,
     column_names,
     one_column,
+    part_options,
     python_errors,
     table_dtype,
     window_spec,
@@ -83,7 +85,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("windowkit")
 
 #: sources up to this size (raw rows) are read again before publishing, and each
-#: shard's rows compared with those written (larger ones: identity, size and time)
+#: part's rows compared with those written (larger ones: identity, size and time)
 RECHECK_BYTES = 64 << 20
 
 
@@ -91,8 +93,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             window: WindowSpec | int, stride: int | None = None,
             sampling_rate: int | None = None, horizon: int | None = None,
             compression: str | None = None, seed: int = 0,
-            block_rows: int | None = None, shard_size: int = DEFAULT_SHARD_BYTES,
-            shards: int | None = None, workers: int = 1, overwrite: bool = False,
+            block_rows: int | None = None, part_size: int = DEFAULT_PART_BYTES,
+            parts: int | None = None, workers: int = 1, overwrite: bool = False,
             progress: bool = False, series_col: str | Sequence[str] | None = None,
             time_col: str | Sequence[str] | None = None,
             columns: str | Sequence[str] | None = None,
@@ -106,11 +108,12 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             static_columns: str | Sequence[str] | None = None,
             static: Mapping[str, Any] | None = None,
             sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None,
-            storage_options: dict[str, Any] | None = None, dask: Any = None) -> Store:
+            storage_options: dict[str, Any] | None = None, dask: Any = None,
+            shard_size: int | None = None, shards: int | None = None) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``out`` is a directory or a URL fsspec understands (``s3://bucket/store``,
-    ``storage_options`` going to its filesystem): a remote store's shards are
+    ``storage_options`` going to its filesystem): a remote store's parts are
     uploaded as they are written, its tables kept in a local mirror, and the
     manifest written last (:mod:`windowkit.conversion._remote`).
 
@@ -123,16 +126,17 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     defaults to the format's (zstd for Zarr and Parquet, none for TFRecord).
     ``block_rows`` sets the rows per storage block (Zarr chunk, TFRecord record,
     Parquet row group); by default a power of two near 1 MiB (256 KiB for
-    TFRecord). Data files
-    (TFRecord shards, Parquet parts) hold about ``shard_size`` bytes of rows, or
-    there are ``shards`` of them; ``workers`` processes write shards in
+    TFRecord). The rows are written in *parts* of whole blocks (a TFRecord or
+    Parquet part is one data file) of about ``part_size`` bytes of rows, or
+    ``parts`` of them (``shard_size`` and ``shards`` are their older names,
+    still accepted); ``workers`` processes write parts in
     parallel, or ``dask`` (a ``distributed.Client`` or a scheduler address)
-    runs each shard as a task on its workers, which write it straight to the
+    runs each part as a task on its workers, which write it straight to the
     target (for a local path, one they share). Rows are streamed
     block by block: peak memory does not grow with the source.
 
     A CSV or Parquet file, several of them (a list, a glob, a directory of
-    Parquet parts, hive-partitioned or not: one table, in path order), or a
+    Parquet files, hive-partitioned or not: one table, in path order), or a
     pandas DataFrame, is a table
     (:mod:`windowkit.sources`): ``series_col`` names the series of a long table
     (without it the table is one series), ``time_col`` its times (strictly
@@ -172,10 +176,11 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     A source file rewritten or replaced while it is converted raises
     :class:`~windowkit.errors.SourceChangedError` before anything is published;
     running out of memory raises :class:`~windowkit.errors.OutOfMemoryError`
-    saying what to lower. Both keep the finished shards for a re-run.
+    saying what to lower. Both keep the finished parts for a re-run.
     """
     with python_errors():  # errors name these arguments, not the CLI's flags
         check_arguments(locals())
+        part_size, parts = part_options(part_size, parts, shard_size, shards)
         table = TableOptions(one_column("series_col", series_col),
                              one_column("time_col", time_col), column_names("columns", columns),
                              max_gap, time_format, column_names("static_columns", static_columns),
@@ -186,7 +191,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             split_context=split_context, table=table,
             target_columns=column_names("target_columns", target_columns),
             known_columns=column_names("known_columns", known_columns), static=static,
-            seed=seed, block_rows=block_rows, shard_size=shard_size, shards=shards,
+            seed=seed, block_rows=block_rows, part_size=part_size, parts=parts,
             workers=workers, dask=dask, overwrite=bool(overwrite), progress=bool(progress),
             nan=nan, sort_memory=sort_memory)
         with _out_of_memory():
@@ -227,15 +232,15 @@ def _out_of_memory() -> Iterator[None]:
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise OutOfMemoryError(
             f"out of memory while converting ({detail}); "
-            "the finished shards are kept: run the same command again with fewer --workers "
-            "or a smaller --shard-size, --block-rows or --sort-memory") from None
+            "the finished parts are kept: run the same command again with fewer --workers "
+            "or a smaller --part-size, --block-rows or --sort-memory") from None
 
 
 def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
                    series: list[Series], pins: SourcePins, *, overwrite: bool,
                    upload_to: AnyPath | None = None) -> None:
     """Write the store into the local directory ``out`` (locked, resumable,
-    published by a rename); with ``upload_to`` its shards go there instead.
+    published by a rename); with ``upload_to`` its parts go there instead.
     Nothing is published if a source file changed meanwhile (``pins``)."""
     check_target(out, overwrite=overwrite, sources=source_files(source))
     workspace = Workspace(out)
@@ -273,7 +278,7 @@ def _stage(source: SourceLike, workspace: Workspace, options: ConvertOptions) ->
 
 
 def _after_failure(workspace: Workspace, exc: BaseException) -> None:
-    """Leave nothing behind after a user mistake; keep finished shards after
+    """Leave nothing behind after a user mistake; keep finished parts after
     anything else (an interruption, a read error, too little space, a target
     that appeared meanwhile), so that the same command resumes."""
     mistake = isinstance(exc, WindowkitError) and not isinstance(
@@ -297,8 +302,8 @@ def _check_disk_space(directory: Path, needed: int, what: str = "the store") -> 
 
 def _write_store(workspace: Workspace, series: list[Series], options: ConvertOptions,
                  pins: SourcePins, upload_to: AnyPath | None = None) -> Manifest:
-    """Plan the store, write (or reuse) its shards, then its tables; return its
-    manifest. With ``upload_to`` (a URL prefix) the shards are uploaded there."""
+    """Plan the store, write (or reuse) its parts, then its tables; return its
+    manifest. With ``upload_to`` (a URL prefix) the parts are uploaded there."""
     plan = plan_store(series, options)
     storage = get_format(options.format)
     finished = _resume_or_start(workspace, plan, upload_to)
@@ -312,38 +317,38 @@ def _write_store(workspace: Workspace, series: list[Series], options: ConvertOpt
         data_dir.mkdir()
         storage.prepare(data_dir, plan.layout, len(plan.tasks))
         workspace.start(plan.key)
-    results = _write_shards(workspace, plan, options, finished, upload_to)
+    results = _write_parts(workspace, plan, options, finished, upload_to)
     pins.check()  # the source files are still what they were when pinned
     _recheck_rows(plan, results)  # and, when small, still hold the rows written
     data = storage.finish(data_dir, plan.layout, [r.summary for r in results])
     return finalize(workspace, plan, options, results, data)
 
 
-def _write_shards(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
-                  finished: dict[int, ShardResult],
-                  upload_to: AnyPath | None) -> list[ShardResult]:
-    """Every shard not finished yet, in ``options.workers`` processes, each
+def _write_parts(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
+                 finished: dict[int, PartResult],
+                 upload_to: AnyPath | None) -> list[PartResult]:
+    """Every part not finished yet, in ``options.workers`` processes, each
     recorded in the workspace as it finishes; a progress bar on request."""
-    row_bytes = plan.layout.row_bytes
-    with progress_bar(total=plan.layout.total_rows * row_bytes, desc="convert",
+    row_bytes = plan.layout.rows.row_bytes
+    with progress_bar(total=plan.layout.rows.total_rows * row_bytes, desc="convert",
                       enabled=options.progress) as bar:
-        return write_shards(plan.series, options.format, workspace.root / "data", plan.layout,
-                            plan.tasks, workers=options.workers,
-                            on_rows=lambda n: bar.update(n * row_bytes), finished=finished,
-                            on_finished=lambda n, r: workspace.shard_finished(
-                                n, r.to_marker()),
-                            train_ranges=plan.splits.train_ranges(),
-                            skip_missing=options.skip_missing, dask=options.dask,
-                            upload_to=upload_to)
+        return write_parts(plan.series, options.format, workspace.root / "data", plan.layout,
+                           plan.tasks, workers=options.workers,
+                           on_rows=lambda n: bar.update(n * row_bytes), finished=finished,
+                           on_finished=lambda n, r: workspace.part_finished(
+                               n, r.to_marker()),
+                           train_ranges=plan.splits.train_ranges(),
+                           skip_missing=options.skip_missing, dask=options.dask,
+                           upload_to=upload_to)
 
 
-def _recheck_rows(plan: StorePlan, results: list[ShardResult]) -> None:
-    """Read small ``.npy`` sources again and compare each shard's rows with
+def _recheck_rows(plan: StorePlan, results: list[PartResult]) -> None:
+    """Read small ``.npy`` sources again and compare each part's rows with
     those it was written from: a source rewritten in place, even with its size
     and modification time restored, is caught before publishing."""
     layout = plan.layout
     if not all(isinstance(s, NpySeries) for s in plan.series) or (
-            layout.total_rows * layout.row_bytes > RECHECK_BYTES):
+            layout.rows.total_rows * layout.rows.row_bytes > RECHECK_BYTES):
         return
     for task, result in zip(plan.tasks, results, strict=True):
         if source_digest(plan.series, plan.placement, layout, task) != result.source_digest:
@@ -353,11 +358,11 @@ def _recheck_rows(plan: StorePlan, results: list[ShardResult]) -> None:
 
 
 def _resume_or_start(workspace: Workspace, plan: StorePlan,
-                     upload_to: AnyPath | None = None) -> dict[int, ShardResult]:
-    """The finished shards of an interrupted run of this plan whose source rows
+                     upload_to: AnyPath | None = None) -> dict[int, PartResult]:
+    """The finished parts of an interrupted run of this plan whose source rows
     are unchanged (and, with ``upload_to``, whose files were uploaded whole);
     else an empty workspace and none."""
-    markers = workspace.finished_shards(plan.key)
+    markers = workspace.finished_parts(plan.key)
     tasks = plan.tasks
     if markers and upload_to is not None:
         uploaded = list_objects(upload_to)
@@ -367,7 +372,7 @@ def _resume_or_start(workspace: Workspace, plan: StorePlan,
         for number, marker in sorted(markers.items()):
             if number not in range(len(tasks)) or marker.get("source_digest") != (
                     source_digest(plan.series, plan.placement, plan.layout, tasks[number])):
-                log.info("%s: the source rows of shard %d changed since the interrupted "
+                log.info("%s: the source rows of part %d changed since the interrupted "
                          "conversion; starting over", workspace.out, number)
                 markers = None
                 break
@@ -376,6 +381,6 @@ def _resume_or_start(workspace: Workspace, plan: StorePlan,
         return {}
     workspace.keep_only(markers)
     if markers:
-        log.info("%s: resuming an interrupted conversion: %d of %d shards already written",
+        log.info("%s: resuming an interrupted conversion: %d of %d parts already written",
                  workspace.out, len(markers), len(tasks))
-    return {n: ShardResult.from_marker(m) for n, m in markers.items()}
+    return {n: PartResult.from_marker(m) for n, m in markers.items()}

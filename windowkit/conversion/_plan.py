@@ -1,4 +1,4 @@
-"""Plan a store before writing it: the layout of its rows, its shards, its
+"""Plan a store before writing it: the layout of its rows, its parts, its
 splits, and the keys that identify it (to resume, and as the store id)."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 
 from windowkit._version import __version__
-from windowkit.conversion._shards import SeriesLayout, plan_shards
+from windowkit.conversion._parts import SeriesLayout, plan_parts
 from windowkit.conversion.options import ConvertOptions
 from windowkit.errors import InvalidSpecError
 from windowkit.formats import DataLayout, get_format
-from windowkit.formats.base import ShardTask
+from windowkit.formats.base import PartTask
+from windowkit.layout import RowLayout
 from windowkit.sources import ArraySeries, NpySeries, RemoteNpySeries, Series, StagedSeries
 from windowkit.spec import WindowSpec
 from windowkit.splits import SplitPlan, history_rows
@@ -32,7 +33,7 @@ class StorePlan:
     series: list[Series]
     layout: DataLayout  # with the store id
     placement: SeriesLayout  # where each series' rows lie among the global rows
-    tasks: list[ShardTask]
+    tasks: list[PartTask]
     splits: SplitPlan
     columns: list[str] | None
     target_columns: list[str] | None
@@ -51,13 +52,13 @@ class StorePlan:
         """About what the store takes on disk, at most: data files, index tables
         (compressed, under 2 bytes a window) and the series table."""
         layout = self.layout
-        pieces = self.placement.pieces_before(layout.total_rows, layout.block_rows)
+        pieces = self.placement.pieces_before(layout.rows.total_rows, layout.rows.block_rows)
         data = get_format(self.format).max_data_bytes(layout, pieces)
         return data + self.table_bytes()
 
     def table_bytes(self) -> int:
         """About what the index tables and the series table take, at most."""
-        return 2 * self.layout.total_rows + 256 * len(self.series) + (1 << 20)
+        return 2 * self.layout.rows.total_rows + 256 * len(self.series) + (1 << 20)
 
 
 def choose_block_rows(row_bytes: int, min_rows: int, target_bytes: int) -> int:
@@ -75,15 +76,13 @@ def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
     _check_longest(series, spec)
     storage = get_format(options.format)
     first = series[0]
-    row_bytes = first.dtype.itemsize * int(np.prod(first.step_shape, dtype=np.int64))
     placement = SeriesLayout.of(series)
-    layout = DataLayout(
-        dtype=first.dtype, step_shape=first.step_shape, total_rows=int(placement.rows.sum()),
-        block_rows=options.block_rows or choose_block_rows(
-            row_bytes, storage.min_block_rows(spec), storage.target_block_bytes),
-        window=spec, compression=options.compression)
-    tasks = plan_shards(layout, placement, shard_bytes=options.shard_size,
-                        shards=options.shards)
+    unblocked = RowLayout(first.dtype, first.step_shape, int(placement.rows.sum()), 1)
+    block_rows = options.block_rows or choose_block_rows(
+        unblocked.row_bytes, storage.min_block_rows(spec), storage.target_block_bytes)
+    layout = DataLayout(rows=dataclasses.replace(unblocked, block_rows=block_rows),
+                        window=spec, compression=options.compression)
+    tasks = plan_parts(layout, placement, part_bytes=options.part_size, parts=options.parts)
     splits = options.split.plan(series)
     check_some_window(splits, spec, options.split.context)
     fingerprint = _fingerprint(series)
@@ -156,9 +155,9 @@ def history_hint(splits: SplitPlan, spec: WindowSpec, context: str, split: int |
 
 def _fingerprint(series: list[Series]) -> str:
     """A digest of what the sources are: files by path, size and modification
-    time (their rows are checked shard by shard on resume), arrays and tables
+    time (their rows are checked part by part on resume), arrays and tables
     read from a DataFrame by a digest of their content."""
-    parts: list[Any] = []
+    entries: list[Any] = []
     for s in series:
         entry: dict[str, Any] = {"key": s.key, "rows": s.rows, "dtype": str(s.dtype),
                                  "step_shape": list(s.step_shape)}
@@ -172,16 +171,18 @@ def _fingerprint(series: list[Series]) -> str:
             entry.update(path=s.path, version=s.version)
         elif isinstance(s, ArraySeries):
             entry.update(content=s.content_digest())
-        parts.append(entry)
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        entries.append(entry)
+    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
 
 
 def _plan_key(fingerprint: str, options: ConvertOptions, layout: DataLayout,
-              tasks: list[ShardTask], splits: SplitPlan) -> str:
-    """A digest of everything the data files' rows depend on."""
+              tasks: list[PartTask], splits: SplitPlan) -> str:
+    """A digest of everything the data files' rows depend on (its key
+    "shards", the parts' rows, keeps the old word: a workspace's recorded
+    plan must match)."""
     plan = {"sources": fingerprint, "format": options.format,
             "window": layout.window.to_dict(), "compression": layout.compression,
-            "block_rows": layout.block_rows, "seed": options.seed, "windowkit": __version__,
+            "block_rows": layout.rows.block_rows, "seed": options.seed, "windowkit": __version__,
             "shards": [[t.first_row, t.rows] for t in tasks], "splits": splits.key(),
             "nan": options.nan}
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()

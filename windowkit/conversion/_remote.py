@@ -1,7 +1,7 @@
 """Converting to object storage, which has no atomic rename: the manifest,
 written last, is the commit.
 
-Shards are written where they run (in this process, a worker process or a
+Parts are written where they run (in this process, a worker process or a
 Dask worker) and uploaded at once into a *workspace prefix* beside the target,
 ``TARGET.windowkit-partial/``; everything else (staged tables, the resume
 records, index and series tables) is written, resumably, into a local mirror
@@ -64,11 +64,11 @@ log = logging.getLogger("windowkit")
 
 INCOMPLETE = ".windowkit-incomplete"  # under the target while files are uploaded
 LOCK_SUFFIX = ".windowkit-lock"  # beside the target while a conversion runs
-WORKSPACE_SUFFIX = ".windowkit-partial"  # beside the target: the shards written so far
+WORKSPACE_SUFFIX = ".windowkit-partial"  # beside the target: the parts written so far
 
 
 def workspace_prefix(target: AnyPath) -> AnyPath:
-    """Where shards are uploaded before the store is published."""
+    """Where parts are uploaded before the store is published."""
     url = as_url_path(target)
     return resolve(f"{url.protocol}://{url.path.rstrip('/')}{WORKSPACE_SUFFIX}",
                    dict(url.storage_options) or None)
@@ -346,7 +346,7 @@ def _published_manifest(local: Path, replaced: Replaced) -> tuple[Manifest, byte
 
 
 def upload_store(local: Path, target: AnyPath, *, replaced: Replaced) -> None:
-    """Publish: the shard objects of the workspace prefix and the files of the
+    """Publish: the part objects of the workspace prefix and the files of the
     local mirror ``local`` under ``target`` (under a new generation folder when
     a store is there), the manifest last; then delete the ``replaced`` objects
     the new store does not have, and the workspace."""
@@ -359,10 +359,10 @@ def upload_store(local: Path, target: AnyPath, *, replaced: Replaced) -> None:
     local_files = [name for name in files if (local / name).is_file()]
     uploaded = list_objects(workspace_prefix(target))
     sizes = {entry.path: entry.bytes for entry in manifest.files}
-    shard_files = [name for name in files if name not in local_files]
-    lost = [name for name in shard_files if uploaded.get(name) != sizes[name]]
+    part_files = [name for name in files if name not in local_files]
+    lost = [name for name in part_files if uploaded.get(name) != sizes[name]]
     if lost:
-        raise StoreError(f"{target}: the uploaded shard file {lost[0]!r} is missing or "
+        raise StoreError(f"{target}: the uploaded part file {lost[0]!r} is missing or "
                          f"changed in {url.protocol}://{workspace}; run the conversion again")
     # what this publish writes or replaces, each version: a rerun may replace exactly that
     written = [entry.model_copy(update={"path": keys[entry.path]}) for entry in manifest.files]
@@ -370,8 +370,8 @@ def upload_store(local: Path, target: AnyPath, *, replaced: Replaced) -> None:
               "files": [e.model_dump() for e in [*written, *replaced.entries]]}
     with remote_errors(target):
         url.fs.pipe_file(f"{prefix}/{INCOMPLETE}", json.dumps(marker).encode())
-        url.fs.copy([f"{workspace}/{name}" for name in shard_files],
-                    [f"{prefix}/{keys[name]}" for name in shard_files])
+        url.fs.copy([f"{workspace}/{name}" for name in part_files],
+                    [f"{prefix}/{keys[name]}" for name in part_files])
         upload_files(local, local_files, target / manifest.root if manifest.root else target)
         commit(url.fs, raw, f"{prefix}/{MANIFEST_NAME}")
         stale = sorted({entry.path for entry in replaced.entries} - set(keys.values()))

@@ -1,5 +1,6 @@
-"""Where a store is built before it is published: atomic, locked, resumable, and
-careful with everything windowkit did not write.
+"""The lifecycle of the directory a store is built in before it is published:
+atomic, locked, resumable. (What it may replace at the target: :mod:`._target`;
+the file operations it uses: :mod:`._files`.)
 
 A conversion writes into ``.{name}.windowkit-partial`` beside the target. The
 workspace is made by windowkit (a marker file says so; a directory of that name
@@ -9,43 +10,51 @@ so a second one for the same target fails fast; the kernel drops the lock when
 the process dies, however it dies.
 
 ``_resume/plan.json`` records what is being built (a digest of the sources'
-fingerprint, the options and the shard plan), and each finished shard leaves a
+fingerprint, the options and the part plan), and each finished part leaves a
 marker with its summary, statistics, the size and SHA-256 of each of its files
 and a digest of the source rows it was made from, written only after those
-files are on disk (fsync). Re-running the same conversion reuses every shard
+files are on disk (fsync). Re-running the same conversion reuses every part
 whose files still match and whose source rows are unchanged (the caller checks
 those); a changed source or changed options start over. An error while
-resuming (a read error, the target appearing) keeps the finished shards.
+resuming (a read error, the target appearing) keeps the finished parts.
 
 The workspace is always beside the target (``--out .``, the current directory,
 is refused: it cannot be renamed into place). Publishing validates the new
 manifest exactly as opening the store will (nothing unopenable is published),
 checks the target again, removes the resume records, fsyncs every file and
-renames the workspace into place. ``--overwrite`` replaces only an empty
-directory or a windowkit store whose manifest passes the open-time validation
-and whose every file it lists at its recorded size (anything else: refused,
-nothing touched). The old store is moved aside, and each of its files is
-deleted only while its size and SHA-256 still match its manifest; a file
-changed (or added) since is kept, and named in a warning.
+renames the workspace into place, replacing an old store only as
+:mod:`._target` allows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
 import shutil
-import stat
-import tempfile
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from windowkit._walk import walk_files
+from windowkit.conversion._files import (
+    files_match,
+    fsync,
+    fsync_tree,
+    lock_directory,
+    write_json_durably,
+)
+from windowkit.conversion._target import (
+    check_publishable,
+    check_target,
+    is_finished_store,
+    prepare_target,
+    remove_store,
+    retire_store,
+)
 from windowkit.errors import StoreError, StoreExistsError
-from windowkit.manifest import MANIFEST_NAME, FileEntry, Manifest, file_digest, read_manifest_bytes
+from windowkit.manifest import FileEntry
 
 log = logging.getLogger("windowkit")
 
@@ -53,179 +62,11 @@ RESUME_DIR = "_resume"
 STAGING_DIR = "_staging"  # table sources, staged anew by every run
 MARKER = ".windowkit-workspace"  # written first: windowkit made this directory
 PLAN_FILE = "plan.json"
+#: a finished part's marker in ``_resume/``; the on-disk name keeps the old word
+PART_MARKER = "shard-{:05d}.json"
 _INTERNAL = {RESUME_DIR, STAGING_DIR, MARKER}
 
 
-def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync(path.parent)
-
-
-def fsync(path: Path) -> None:
-    """Flush a file's or a directory's (its entries') writes to disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if path.is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def files_match(root: Path, entries: list[FileEntry]) -> bool:
-    """Whether every file exists with its recorded size and SHA-256. A missing or
-    damaged file is ``False``; any other read error is raised (a transient error
-    must not make finished work look damaged)."""
-    for entry in entries:
-        path = root / entry.path
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            return False
-        if not stat.S_ISREG(info.st_mode) or info.st_size != entry.bytes:
-            return False
-        if FileEntry.of(root, entry.path).sha256 != entry.sha256:
-            return False
-    return True
-
-
-def walk_files(root: Path) -> Iterable[tuple[str, bool]]:
-    """``(relative path, is a link)`` of every file and link under ``root``,
-    never descending into a linked directory."""
-    for directory, dirs, names in os.walk(root):
-        for name in [*names, *(d for d in dirs if os.path.islink(os.path.join(directory, d)))]:
-            full = os.path.join(directory, name)
-            yield os.path.relpath(full, root).replace(os.sep, "/"), os.path.islink(full)
-
-
-# -- the target ------------------------------------------------------------------------
-def store_manifest(directory: Path) -> Manifest | None:
-    """The manifest of the windowkit store at ``directory``, validated as
-    :func:`windowkit.open_store` validates it; None when there is no manifest.
-    An invalid one is a :class:`StoreExistsError`: such a directory is not
-    replaced (its listing cannot be trusted to name only windowkit's files)."""
-    if not os.path.lexists(directory / MANIFEST_NAME):
-        return None
-    try:
-        return Manifest.read(directory)
-    except StoreError as exc:
-        raise StoreExistsError(
-            f"{directory}: --overwrite replaces only a windowkit store or an empty directory, "
-            f"and its {MANIFEST_NAME} does not open as one ({_reason(exc, directory)}); "
-            "nothing was changed") from None
-
-
-def _reason(exc: StoreError, directory: Path) -> str:
-    """``exc``'s message without the path it starts with."""
-    text = str(exc)
-    for prefix in (f"{directory / MANIFEST_NAME}: ", f"{directory}: "):
-        text = text.removeprefix(prefix)
-    return text
-
-
-def _foreign_content(directory: Path) -> str | None:
-    """What in ``directory`` windowkit did not write, or changed since (None: it
-    is a valid store whose every file its manifest lists, at its size)."""
-    manifest = store_manifest(directory)
-    if manifest is None:
-        entries = sorted(os.listdir(directory))
-        more = f" and {len(entries) - 1} more entries" if len(entries) > 1 else ""
-        return f"it holds {entries[0]!r}{more} and no windowkit manifest"
-    sizes = {key: entry.bytes for key, entry in zip(manifest.file_keys(), manifest.files,
-                                                     strict=True)}
-    for relative, is_link in walk_files(directory):
-        if relative == MANIFEST_NAME:
-            continue
-        if is_link or relative not in sizes:
-            return f"it holds {relative!r}, which windowkit did not write"
-        if os.lstat(directory / relative).st_size != sizes[relative]:
-            return f"{relative!r} was changed since windowkit wrote it"
-    return None
-
-
-def _is_finished_store(directory: Path) -> bool:
-    """Whether ``directory`` holds a valid store and nothing else (a workspace
-    whose rename into place was interrupted)."""
-    try:
-        return _foreign_content(directory) is None
-    except StoreExistsError:
-        return False
-
-
-def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> None:
-    """Refuse a target that is a link, holds a source, is the current directory
-    (or holds it), or is not empty and may not be replaced: only a valid
-    windowkit store or an empty directory may be, with ``overwrite``. Nothing
-    is changed."""
-    if os.path.islink(out):
-        raise StoreExistsError(f"{out}: is a symbolic link; windowkit writes a store only "
-                               "to a real directory (it follows no links)")
-    real_out = os.path.realpath(out)
-    for source in sources:
-        real = os.path.realpath(source)
-        if real == real_out or real.startswith(real_out.rstrip(os.sep) + os.sep):
-            raise StoreExistsError(f"{out}: holds the source {source}; write the store "
-                                   "somewhere else (--out)")
-    _refuse_working_directory(out, real_out)
-    if not os.path.lexists(out):
-        return
-    if not out.is_dir():
-        raise StoreExistsError(f"{out}: exists and is not a directory")
-    if not any(os.scandir(out)):
-        return
-    if not overwrite:
-        raise StoreExistsError(f"{out}: target exists and is not empty; "
-                               "pass overwrite=True (--overwrite) to replace it")
-    problem = _foreign_content(out)
-    if problem is not None:
-        raise StoreExistsError(f"{out}: --overwrite replaces only a windowkit store or an "
-                               f"empty directory, and {problem}; nothing was changed")
-
-
-def _refuse_working_directory(out: Path, real_out: str) -> None:
-    """A store is published by renaming a directory into place beside it: the
-    current directory (or one holding it, or ``/``) cannot be the target."""
-    cwd = os.path.realpath(os.getcwd())
-    if real_out == os.path.dirname(real_out) or cwd == real_out or cwd.startswith(
-            real_out.rstrip(os.sep) + os.sep):
-        raise StoreExistsError(f"{out}: is the current directory or holds it; a store is "
-                               "published by renaming a new directory into place, so name "
-                               "one inside it (e.g. --out ./store)")
-
-
-def _remove_store(directory: Path, out: Path) -> None:
-    """Delete a retired store's files: each its (valid) manifest lists whose size
-    and SHA-256 still match, then the manifest and the empty directories. Keep,
-    and name in a warning, anything else (a file changed or added since)."""
-    try:
-        manifest = Manifest.read(directory)
-    except StoreError:
-        manifest = None
-    entries = zip(manifest.file_keys(), manifest.files, strict=True) if manifest else []
-    for key, entry in entries:
-        path = directory / key
-        with contextlib.suppress(FileNotFoundError):
-            info = os.lstat(path)
-            if (stat.S_ISREG(info.st_mode) and info.st_size == entry.bytes
-                    and file_digest(path) == entry.sha256):
-                os.unlink(path)
-    if manifest is not None:
-        os.unlink(directory / MANIFEST_NAME)
-    for folder, _, _ in sorted(os.walk(directory), key=lambda item: -len(item[0])):
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-    kept = sorted(relative for relative, _ in walk_files(directory)) if os.path.lexists(
-        directory) else []
-    if kept:
-        more = f" (and {len(kept) - 1} more files)" if len(kept) > 1 else ""
-        log.warning("%s: kept %r%s of the replaced store in %s: changed since windowkit "
-                    "wrote it, or not written by windowkit", out, kept[0], more, directory)
-
-
-# -- the workspace -----------------------------------------------------------------------
 class Workspace:
     """The partial store of one conversion target."""
 
@@ -233,7 +74,7 @@ class Workspace:
         self.out = out
         where = Path(os.path.abspath(out))  # "." or "a/..": beside the directory it names
         self.root = where.parent / f".{where.name}.windowkit-partial"
-        self.inherited = False  # it held finished shards of an earlier run
+        self.inherited = False  # it held finished parts of an earlier run
         self._fd: int | None = None
         self._created_parents: list[Path] = []
 
@@ -257,22 +98,19 @@ class Workspace:
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.root)
         try:
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            fd = lock_directory(self.root)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise StoreError(f"{self.root}: the workspace is a symbolic link or not a "
                                  "directory; windowkit follows no links") from exc
             raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        if fd is None:
             raise StoreError(f"{self.out}: another windowkit convert is writing this store "
-                             f"(its workspace {self.root} is locked)") from None
+                             f"(its workspace {self.root} is locked)")
         self._fd = fd
         entries = set(os.listdir(self.root))
         # without the marker: empty, or a finished store whose rename was interrupted
-        if entries and MARKER not in entries and not _is_finished_store(self.root):
+        if entries and MARKER not in entries and not is_finished_store(self.root):
             self.release()
             raise StoreExistsError(f"{self.root}: exists and was not made by windowkit (it "
                                    f"holds {sorted(entries)[0]!r}); move it away and run again")
@@ -291,8 +129,8 @@ class Workspace:
         self.staging.mkdir()
         return self.staging
 
-    def finished_shards(self, plan_key: str) -> dict[int, dict[str, Any]] | None:
-        """The markers of the finished shards whose files are intact (by number)
+    def finished_parts(self, plan_key: str) -> dict[int, dict[str, Any]] | None:
+        """The markers of the finished parts whose files are intact (by number)
         when the workspace holds an interrupted conversion of the same plan, else
         ``None``. Nothing is deleted."""
         try:
@@ -306,22 +144,13 @@ class Workspace:
                 log.info("%s: the sources or options changed since the interrupted "
                          "conversion; starting over", self.out)
             return None
-        done: dict[int, dict[str, Any]] = {}
-        for path in sorted(self._resume.glob("shard-*.json")):
-            try:
-                marker = json.loads(path.read_text())
-                files = [FileEntry(**f) for f in marker["files"]]
-                number = int(marker["number"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a damaged marker: that shard is written again
-            if files_match(self.root, files):
-                done[number] = marker
+        done = _intact_parts(self._resume, self.root)
         self.inherited = bool(done)
         return done
 
     def keep_only(self, markers: dict[int, dict[str, Any]]) -> None:
         """Resume: delete every file an interrupted run left half-written, keeping
-        the format's prepared files and the finished shards' files."""
+        the format's prepared files and the finished parts' files."""
         prepared = json.loads((self._resume / PLAN_FILE).read_text())["prepared"]
         keep = {str(name) for name in prepared} | {
             f["path"] for m in markers.values() for f in m["files"]}
@@ -349,54 +178,30 @@ class Workspace:
         """Record the plan and the files written so far (the format's empty
         store): from now on the workspace can be resumed."""
         self._resume.mkdir(exist_ok=True)
-        _write_json_durably(self._resume / PLAN_FILE,
-                            {"plan": plan_key, "prepared": self.files()})
+        write_json_durably(self._resume / PLAN_FILE,
+                           {"plan": plan_key, "prepared": self.files()})
 
-    def shard_finished(self, number: int, marker: dict[str, Any]) -> None:
-        _write_json_durably(self._resume / f"shard-{number:05d}.json",
-                            {**marker, "number": number})
+    def part_finished(self, number: int, marker: dict[str, Any]) -> None:
+        write_json_durably(self._resume / PART_MARKER.format(number),
+                           {**marker, "number": number})
 
     def publish(self, *, overwrite: bool) -> None:
         """Check the new manifest (as opening the store will) and the target
         again, make every file durable, rename the workspace to the target and
         delete the store it replaces (its own unchanged files only)."""
-        self.check_manifest()
+        check_publishable(self.root, self.out)
         check_target(self.out, overwrite=overwrite)  # it may have appeared meanwhile
-        replacing = os.path.lexists(self.out) and store_manifest(self.out) is not None
-        if os.path.lexists(self.out) and not replacing:  # an empty directory
-            try:
-                os.rmdir(self.out)
-            except OSError as exc:  # something appeared in it: keep our work, touch nothing
-                raise StoreExistsError(f"{self.out}: target is no longer empty; nothing "
-                                       "was changed (run again to finish)") from exc
+        replacing = prepare_target(self.out)  # an empty directory is removed
         for name in (RESUME_DIR, STAGING_DIR):
             shutil.rmtree(self.root / name, ignore_errors=True)
         os.unlink(self.root / MARKER)
-        for directory, _, names in os.walk(self.root):
-            for name in names:
-                fsync(Path(directory) / name)
-            fsync(Path(directory))
-        retired = None
-        if replacing:  # a valid windowkit store: moved aside, its files deleted below
-            name = Path(os.path.abspath(self.out)).name
-            retired = Path(tempfile.mkdtemp(prefix=f".{name}.windowkit-old-",
-                                            dir=self.root.parent))
-            os.replace(self.out, retired)
+        fsync_tree(self.root)
+        # a valid windowkit store is moved aside, its files deleted once ours is in place
+        retired = retire_store(self.out) if replacing else None
         os.replace(self.root, self.out)
         fsync(self.root.parent)
         if retired is not None:
-            _remove_store(retired, self.out)
-
-    def check_manifest(self) -> None:
-        """Refuse to publish a manifest that opening the store would refuse."""
-        try:
-            raw = read_manifest_bytes(self.root)
-        except StoreError as exc:
-            raise StoreError(f"{self.out}: the store was not published: {exc}") from None
-        try:
-            Manifest.parse(raw, str(self.out / MANIFEST_NAME))
-        except StoreError as exc:
-            raise StoreError(f"{exc}; nothing was published") from None
+            remove_store(retired, self.out)
 
     def discard(self) -> None:
         """Remove the workspace, and the directories made for it (after a user
@@ -414,3 +219,19 @@ class Workspace:
     def resumable(self) -> bool:
         """Whether the workspace holds a started conversion that a re-run resumes."""
         return (self._resume / PLAN_FILE).exists()
+
+
+def _intact_parts(resume: Path, root: Path) -> dict[int, dict[str, Any]]:
+    """The markers in ``resume`` (by part number) whose files under ``root`` are
+    intact; a damaged marker is skipped (that part is written again)."""
+    done: dict[int, dict[str, Any]] = {}
+    for path in sorted(resume.glob(PART_MARKER.replace("{:05d}", "*"))):
+        try:
+            marker = json.loads(path.read_text())
+            files = [FileEntry(**f) for f in marker["files"]]
+            number = int(marker["number"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a damaged marker: that part is written again
+        if files_match(root, files):
+            done[number] = marker
+    return done

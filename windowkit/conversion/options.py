@@ -19,7 +19,7 @@ from windowkit.sources import DEFAULT_SORT_MEMORY, Series, StagedSeries, TableOp
 from windowkit.spec import WindowSpec
 from windowkit.splits import SPLIT_CONTEXTS, SplitPlan, parse_fractions, split_names_for
 
-DEFAULT_SHARD_BYTES = 64 << 20
+DEFAULT_PART_BYTES = 64 << 20  # raw bytes of rows per part (data file)
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,10 @@ class ConvertOptions:
     compression: str
     seed: int = 0
     block_rows: int | None = None
-    shard_size: int = DEFAULT_SHARD_BYTES
-    shards: int | None = None
+    part_size: int = DEFAULT_PART_BYTES
+    parts: int | None = None
     workers: int = 1
-    dask: Any = None  # a distributed.Client or a scheduler address: shards run there
+    dask: Any = None  # a distributed.Client or a scheduler address: parts run there
     overwrite: bool = False
     progress: bool = False
     table: TableOptions = field(default_factory=TableOptions)
@@ -101,7 +101,7 @@ class ConvertOptions:
             target_columns=tuple(target_columns) if target_columns else None,
             known_columns=tuple(known_columns) if known_columns else None,
             **rest)  # type: ignore[arg-type]
-        for name in ("block_rows", "shard_size", "shards", "workers"):
+        for name in ("block_rows", "part_size", "parts", "workers"):
             if getattr(options, name) is not None:
                 check_int(name.replace("_", " "), getattr(options, name), 1)
         if options.nan not in ("error", "skip"):
@@ -125,8 +125,10 @@ _ARGUMENT_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "compression": ((str, _NONE), "a string or None"),
     "seed": (_INT, "an integer"),
     "block_rows": ((*_INT, _NONE), "an integer or None"),
-    "shard_size": (_INT, "an integer (bytes)"),
-    "shards": ((*_INT, _NONE), "an integer or None"),
+    "part_size": (_INT, "an integer (bytes)"),
+    "parts": ((*_INT, _NONE), "an integer or None"),
+    "shard_size": ((*_INT, _NONE), "an integer (bytes) or None"),  # part_size's old name
+    "shards": ((*_INT, _NONE), "an integer or None"),  # parts' old name
     "workers": (_INT, "an integer"),
     "overwrite": ((bool, np.bool_), "True or False"),
     "progress": ((bool, np.bool_), "True or False"),
@@ -164,6 +166,23 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
                                    f"({type(value).__name__})")
     for name, minimum in (("seed", 0), ("sort_memory", 0)):
         check_int(name, arguments.get(name, minimum), minimum)
+
+
+def part_options(part_size: int, parts: int | None, shard_size: int | None,
+                 shards: int | None) -> tuple[int, int | None]:
+    """``part_size`` and ``parts``, either given by their old names
+    (``shard_size``, ``shards``: data files were once called shards), not both."""
+    if shard_size is not None:
+        if part_size not in (DEFAULT_PART_BYTES, shard_size):
+            raise InvalidSpecError("--part-size and --shard-size (its old name) are both "
+                                   "given; give --part-size only")
+        part_size = check_int("shard size", shard_size, 1)
+    if shards is not None:
+        if parts not in (None, shards):
+            raise InvalidSpecError("--parts and --shards (its old name) are both given; "
+                                   "give --parts only")
+        parts = check_int("shards", shards, 1)
+    return part_size, parts
 
 
 def column_names(name: str, value: Any) -> tuple[Any, ...] | None:
@@ -230,10 +249,10 @@ def window_spec(window: Any, stride: Any, sampling_rate: Any, horizon: Any) -> W
 
 _CLI = contextvars.ContextVar("windowkit_cli_spelling", default=False)
 _FLAGS = ("columns", "static-columns", "target-columns", "known-columns", "time-col",
-          "series-col", "time-format", "max-gap", "sort-memory", "workers", "shard-size",
-          "block-rows", "shards", "split", "split-at", "split-by", "split-context", "nan",
-          "format", "compression", "dtype", "out", "window", "stride", "sampling-rate",
-          "horizon", "overwrite", "dask", "seed")
+          "series-col", "time-format", "max-gap", "sort-memory", "workers", "part-size",
+          "shard-size", "block-rows", "parts", "shards", "split", "split-at", "split-by",
+          "split-context", "nan", "format", "compression", "dtype", "out", "window", "stride",
+          "sampling-rate", "horizon", "overwrite", "dask", "seed")
 _FLAG = r"(?<![^\s(\[])--"  # at the start, after a space or a bracket
 _RULES: list[tuple[re.Pattern[str], Any]] = [(re.compile(pattern), to) for pattern, to in (
     (rf" \({_FLAG}overwrite\)", ""),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,13 @@ def _seeds(base: int, block: int) -> tuple[int, int]:
 
 
 class BlockDigester:
-    """Digests the blocks of one shard from its pieces, as they are written."""
+    """Digests the blocks of one part from its pieces, as they are written."""
 
     def __init__(self, layout: DataLayout) -> None:
         self._layout = layout
         self._halo = layout.window.span - 1
-        self._base = digest_base(layout.store_id, layout.dtype, layout.step_shape,
-                                 layout.block_rows, self._halo)
+        self._base = digest_base(layout.store_id, layout.rows.dtype, layout.rows.step_shape,
+                                 layout.rows.block_rows, self._halo)
         self._block = -1
         self._full: Any = None
         self._head: Any = None
@@ -77,18 +77,18 @@ class BlockDigester:
 
     def add(self, global_start: int, rows: np.ndarray) -> None:
         """Rows following those added before (a new block may start with them)."""
-        size = self._layout.block_rows
-        data = np.ascontiguousarray(rows, dtype=self._layout.dtype)
+        size = self._layout.rows.block_rows
+        data = np.ascontiguousarray(rows, dtype=self._layout.rows.dtype)
         while len(data):
             block = global_start // size
             if block != self._block:
                 self._close()
                 self._open(block)
             take = min(len(data), (block + 1) * size - global_start)
-            part = data[:take]
-            self._full.update(part)
+            taken = data[:take]
+            self._full.update(taken)
             if self._head_left:
-                self._head.update(part[:self._head_left])
+                self._head.update(taken[:self._head_left])
                 self._head_left -= min(self._head_left, take)
             data, global_start = data[take:], global_start + take
 
@@ -96,8 +96,8 @@ class BlockDigester:
         full, head = _seeds(self._base, block)
         self._block = block
         self._full, self._head = xxhash.xxh3_64(seed=full), xxhash.xxh3_64(seed=head)
-        rows = min(self._layout.block_rows,
-                   self._layout.total_rows - block * self._layout.block_rows)
+        rows = min(self._layout.rows.block_rows,
+                   self._layout.rows.total_rows - block * self._layout.rows.block_rows)
         self._head_left = min(self._halo, rows)
 
     def _close(self) -> None:
@@ -106,19 +106,19 @@ class BlockDigester:
             self._full = None
 
     def summary(self) -> dict[str, Any]:
-        """What ``write_shard`` adds to its summary: the first block and the digests."""
+        """What ``write_part`` adds to its summary: the first block and the digests."""
         first = self._block - len(self.digests)
         self._close()
         return {"first_block": first, "digests": self.digests}
 
 
-def write_digests(data_dir: Path, layout: DataLayout, shards: list[dict[str, Any]]) -> str:
-    """Write ``data/_blocks.xxh3`` from the shards' summaries (in shard order);
+def write_digests(data_dir: Path, layout: DataLayout, parts: list[dict[str, Any]]) -> str:
+    """Write ``data/_blocks.xxh3`` from the parts' summaries (in part order);
     return its path in the store, for the manifest's ``data`` section."""
-    pairs = [pair for shard in shards for pair in shard["digests"]]
-    if len(pairs) != layout.num_blocks or (shards and shards[0]["first_block"] != 0):
-        raise StoreError(f"{data_dir}: the shards digested {len(pairs)} blocks, the store "
-                         f"has {layout.num_blocks}")
+    pairs = [pair for part in parts for pair in part["digests"]]
+    if len(pairs) != layout.rows.num_blocks or (parts and parts[0]["first_block"] != 0):
+        raise StoreError(f"{data_dir}: the parts digested {len(pairs)} blocks, the store "
+                         f"has {layout.rows.num_blocks}")
     table = np.array(pairs, dtype=np.uint64).reshape(-1, 2).astype("<u8")
     with open(data_dir / DIGEST_FILE, "wb") as out:
         out.write(table.tobytes())
@@ -170,7 +170,7 @@ def read_file(path: Path, limit: int) -> bytes:
     return blob
 
 
-class CheckedReader:
+class CheckedReader(RowReader):
     """A format's row reader whose every block is checked against its digest.
 
     A read ``[start, stop)`` is widened to whole blocks, except a trailing
@@ -181,37 +181,26 @@ class CheckedReader:
     def __init__(self, inner: Any, digests_path: Path, setup: ReaderSetup,
                  describe: Describe | None = None) -> None:
         self.inner = inner
-        self.block_rows = setup.block_rows
+        self.block_rows = setup.rows.block_rows
         self._path = digests_path
         self._setup = setup
         self._halo = setup.span - 1
-        self._base = digest_base(setup.store_id, setup.dtype, setup.step_shape,
-                                 setup.block_rows, self._halo)
+        self._base = digest_base(setup.store_id, setup.rows.dtype, setup.rows.step_shape,
+                                 setup.rows.block_rows, self._halo)
         self._table: np.ndarray | None = None
         self._describe = describe  # block -> "file: unit" for messages
-        if hasattr(inner, "read_many"):
-            self.read_many = self._read_many
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("read_many", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if hasattr(self.inner, "read_many"):
-            self.read_many = self._read_many
+        self.fetches_together = inner.fetches_together
 
     def __copy__(self) -> CheckedReader:
         twin = object.__new__(CheckedReader)
-        twin.__setstate__({**self.__getstate__(), "inner": copy.copy(self.inner)})
+        twin.__dict__.update({**self.__dict__, "inner": copy.copy(self.inner)})
         return twin
 
     @property
     def table(self) -> np.ndarray:
         """``[blocks, 2]`` uint64: each block's whole-block and head digests."""
         if self._table is None:
-            blocks = -(-self._setup.total_rows // self.block_rows)
+            blocks = -(-self._setup.rows.total_rows // self.block_rows)
             blob = read_file(self._path, 16 * blocks)
             self._setup.check_store()  # after the read: the digests were this store's
             if len(blob) != 16 * blocks:
@@ -223,7 +212,7 @@ class CheckedReader:
     def _widen(self, start: int, stop: int) -> tuple[int, int]:
         """The range read for ``[start, stop)``: whole blocks, or whole blocks and
         the next block's head."""
-        size, total = self.block_rows, self._setup.total_rows
+        size, total = self.block_rows, self._setup.rows.total_rows
         if stop <= start:
             return start, start
         lo = start // size * size
@@ -236,11 +225,11 @@ class CheckedReader:
     def _check(self, rows: np.ndarray, lo: int) -> None:
         """Every block (or trailing head) in ``rows`` (from block-aligned row ``lo``)."""
         size, table = self.block_rows, self.table
-        data = np.ascontiguousarray(rows, dtype=self._setup.dtype)
+        data = np.ascontiguousarray(rows, dtype=self._setup.rows.dtype)
         for at in range(0, len(data), size):
             block = (lo + at) // size
             part = data[at:at + size]
-            whole = len(part) == min(size, self._setup.total_rows - block * size)
+            whole = len(part) == min(size, self._setup.rows.total_rows - block * size)
             full_seed, head_seed = _seeds(self._base, block)
             found = xxhash.xxh3_64_intdigest(part.data, full_seed if whole else head_seed)
             if found != int(table[block, 0 if whole else 1]):
@@ -270,7 +259,9 @@ class CheckedReader:
         out = rows[start - lo:stop - lo]
         return out if out.flags.c_contiguous else np.ascontiguousarray(out)
 
-    def _read_many(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        if not self.fetches_together:
+            return super().read_many(ranges)
         if not _CHECKS:
             return list(self.inner.read_many(ranges))
         wide = [self._widen(a, b) for a, b in ranges]

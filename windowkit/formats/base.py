@@ -1,26 +1,30 @@
 """The interface every storage format implements.
 
-A format owns everything about its part of a store (``data/``): how rows are
+A format owns everything about its own section of a store (``data/``): how rows are
 written and read, its typed section of the manifest, how its files are
 verified and described, and how ``tf.data`` reads its blocks. The conversion
 pipeline owns series, windows, the index and the rest of the manifest. Global
 row numbers are the concatenation of all series.
-The pipeline cuts the rows into *shards* (runs of whole storage blocks) that are
-written independently, possibly in parallel processes; each shard is handed to
+The pipeline cuts the rows into *parts* (runs of whole storage blocks; a
+TFRecord or Parquet part is one data file, ``data/part-NNNNN...``) that are
+written independently, possibly in parallel processes; each part is handed to
 the format as *pieces*: the rows of one series inside one storage block.
 """
 
 from __future__ import annotations
 
+import abc
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 from pydantic import ValidationInfo, model_validator
 
 from windowkit._schema import Count, StorePath, Strict, context_value
+from windowkit.layout import RowLayout
 from windowkit.spec import WindowSpec
 
 
@@ -28,28 +32,15 @@ from windowkit.spec import WindowSpec
 class DataLayout:
     """What a writer needs to lay rows out, fixed before the first row."""
 
-    dtype: np.dtype
-    step_shape: tuple[int, ...]
-    total_rows: int
-    block_rows: int  # rows per storage block (chunk, record, row group)
+    rows: RowLayout
     window: WindowSpec
     compression: str
     store_id: str = ""  # written into data files where the format allows
 
-    @property
-    def row_bytes(self) -> int:
-        return max(1, self.dtype.itemsize * int(np.prod(self.step_shape, dtype=np.int64)))
-
-    @property
-    def num_blocks(self) -> int:
-        return -(-self.total_rows // self.block_rows)
-
     def data_section(self, **fields: Any) -> dict[str, Any]:
         """A format's ``data`` section of the manifest: its ``fields`` and what
         every format records (compression, raw bytes of the rows)."""
-        raw = self.total_rows * self.dtype.itemsize * int(np.prod(self.step_shape,
-                                                                  dtype=np.int64))
-        return {"compression": self.compression, "raw_bytes": raw, **fields}
+        return {"compression": self.compression, "raw_bytes": self.rows.raw_bytes, **fields}
 
 
 #: Key of the store id in data files' own metadata (Parquet, Zarr attributes).
@@ -123,37 +114,57 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class ShardTask:
-    """A run of whole storage blocks, written on its own (maybe in a worker)."""
+class PartTask:
+    """A part: a run of whole storage blocks, written on its own (maybe in a worker)."""
 
     number: int
-    count: int  # shards in the store
+    count: int  # parts in the store
     first_row: int  # global rows [first_row, first_row + rows)
     rows: int
-    first_piece: int  # ``Piece.number`` of the shard's first piece
+    first_piece: int  # ``Piece.number`` of the part's first piece
 
 
 #: Reads rows ``[start, stop)`` of series ``series_id`` (for a halo past a piece).
 ReadSeries = Callable[[int, int, int], np.ndarray]
 
 
-class RowReader(Protocol):
-    block_rows: int
+class RowReader(abc.ABC):
+    """Reads a store's global rows; every format's reader is one.
 
+    What a reader can do beyond :meth:`read_rows` is declared, with defaults:
+
+    - ``fetches_together``: :meth:`read_many` fetches several row ranges with
+      one call (one request or pass per file); by default it reads them one by
+      one, and callers spread ranges over reader copies instead;
+    - ``thread_safe``: threads may share one reader; by default each thread
+      reads with its own :meth:`clone` (readers keep open, seeked handles).
+    """
+
+    block_rows: int
+    fetches_together: bool = False
+    thread_safe: bool = False
+
+    @abc.abstractmethod
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         """Global rows ``[start, stop)`` (``stop`` at most the store's rows) as a
         C-contiguous array of exactly ``stop - start`` rows (else ``StoreError``)."""
-        ...
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """The rows of each ``(start, stop)`` range, in order."""
+        return [self.read_rows(start, stop) for start, stop in ranges]
+
+    def clone(self) -> Self:
+        """An independent reader of the same rows, for another thread (it opens
+        its own handles lazily); by default a pickled copy."""
+        copied: Self = pickle.loads(pickle.dumps(self))
+        return copied
 
 
 @dataclass(frozen=True)
 class ReaderSetup:
     """What a row reader needs besides the manifest's ``data`` section."""
 
-    dtype: np.dtype
-    step_shape: tuple[int, ...]
-    block_rows: int
-    total_rows: int
+    rows: RowLayout
     span: int  # rows one window covers
     #: raises if the store was replaced meanwhile; ``fresh=True`` asks object storage now
     check_store: Callable[..., None]
@@ -163,9 +174,9 @@ class ReaderSetup:
 class StorageFormat(Protocol):
     """A format's entry in the registry (see ``windowkit.formats.FORMATS``).
 
-    ``prepare`` runs once before any shard; ``write_shard`` runs once per shard,
+    ``prepare`` runs once before any part; ``write_part`` runs once per part,
     in any order and in any process, and returns a JSON-able summary; ``finish``
-    receives the summaries in shard order and returns the manifest's ``data``,
+    receives the summaries in part order and returns the manifest's ``data``,
     which ``data_model`` validates when a store is opened.
     """
 
@@ -183,30 +194,41 @@ class StorageFormat(Protocol):
         """An upper bound of the bytes the data files take (disk-space check)."""
         ...
 
-    def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None: ...
+    def prepare(self, data_dir: Path, layout: DataLayout, num_parts: int) -> None: ...
 
-    def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
-                    pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]: ...
+    def write_part(self, data_dir: Path, layout: DataLayout, part: PartTask,
+                   pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]: ...
 
-    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
-        """The files (relative to ``data_dir``) that ``write_shard`` writes for ``shard``."""
+    def part_files(self, data_dir: Path, layout: DataLayout, part: PartTask) -> list[str]:
+        """The files (relative to ``data_dir``) that ``write_part`` writes for ``part``."""
         ...
 
     def finish(self, data_dir: Path, layout: DataLayout,
-               shards: list[dict[str, Any]]) -> dict[str, Any]: ...
+               parts: list[dict[str, Any]]) -> dict[str, Any]: ...
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> RowReader:
         """A reader of global rows; ``data`` is what ``finish`` returned (validated)."""
         ...
 
-    # -- what the rest of windowkit asks a format about its part of a store -----------
+    # -- what the rest of windowkit asks a format about its section of a store --------
     block_name: str  # what users call a storage block of this format ("chunk", ...)
 
     def data_files(self, data: dict[str, Any]) -> int:
-        """How many data files (shards, parts) the store's ``data/`` has."""
+        """How many data files (parts) the store's ``data/`` has."""
         ...
 
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
         """Rows the data files say they hold, from their own metadata (``verify``)."""
+        ...
+
+
+@runtime_checkable
+class ReadsInGraph(Protocol):
+    """A format that TensorFlow reads by itself, with no Python per block (what
+    the tf.data service's workers need): ``isinstance(storage, ReadsInGraph)``."""
+
+    def open_graph_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
+                          ) -> Any:
+        """A reader of the store's blocks in the ``tf.data`` graph alone."""
         ...

@@ -37,10 +37,11 @@ from windowkit.formats.base import (
     DataFile,
     DataLayout,
     DataSection,
+    PartTask,
     Piece,
     ReaderSetup,
     ReadSeries,
-    ShardTask,
+    RowReader,
     check_data_files,
 )
 from windowkit.location import is_remote, open_parquet
@@ -87,11 +88,11 @@ class _TableBuilder:
     """Turns one piece's rows into an Arrow table of the store's schema."""
 
     def __init__(self, layout: DataLayout) -> None:
-        self._step_shape = layout.step_shape
-        self._items = int(np.prod(layout.step_shape, dtype=np.int64))
+        self._step_shape = layout.rows.step_shape
+        self._items = int(np.prod(layout.rows.step_shape, dtype=np.int64))
         self.schema = pa.schema(
             [pa.field("series", pa.int32()), pa.field("row", pa.int64()),
-             *value_fields(layout.dtype, layout.step_shape)],
+             *value_fields(layout.rows.dtype, layout.rows.step_shape)],
             metadata={STORE_ID_KEY: layout.store_id})
 
     def __call__(self, piece: Piece) -> pa.Table:
@@ -120,7 +121,7 @@ def _group_bytes(meta: pq.FileMetaData, first: int, last: int) -> tuple[int, int
                                                                        strict=True))
 
 
-class ParquetRowReader:
+class ParquetRowReader(RowReader):
     """Reads global row ranges from the row groups that hold them."""
 
     def __init__(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup) -> None:
@@ -128,10 +129,10 @@ class ParquetRowReader:
         self._files = data["files"]
         self._columns = data["columns"]
         self._setup = setup
-        self._dtype = setup.dtype
-        self._step_shape = setup.step_shape
-        self.block_rows = setup.block_rows
-        self._fields = value_fields(setup.dtype, setup.step_shape)
+        self._dtype = setup.rows.dtype
+        self._step_shape = setup.rows.step_shape
+        self.block_rows = setup.rows.block_rows
+        self._fields = value_fields(setup.rows.dtype, setup.rows.step_shape)
         self._file_first = np.array([f["first_row"] for f in self._files], dtype=np.int64)
         # an open file holds decoder buffers: keep a few open, and every file's layout
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
@@ -203,12 +204,12 @@ class ParquetRowReader:
                              f"{entry['rows']}")
         starts = entry["first_row"] + np.concatenate([[0], np.cumsum(sizes)])
         size = self.block_rows
-        ends = np.minimum(starts[:-1] // size * size + size, self._setup.total_rows)
+        ends = np.minimum(starts[:-1] // size * size + size, self._setup.rows.total_rows)
         bad = np.flatnonzero((starts[:-1] % size != 0) | (starts[1:] != ends))
         if len(bad):
             raise StoreError(f"{path}: row group {bad[0]} holds rows {starts[bad[0]]}.."
                              f"{starts[bad[0] + 1]}, not one storage block of {size} rows")
-        limit = size * max(8, self._setup.dtype.itemsize * int(
+        limit = size * max(8, self._setup.rows.dtype.itemsize * int(
             np.prod(self._step_shape, dtype=np.int64))) * 2 + (1 << 16)
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
@@ -255,7 +256,7 @@ class ParquetRowReader:
         return values[0] if not self._step_shape else np.column_stack(values)
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        parts = []
+        slices = []
         file_index = int(np.searchsorted(self._file_first, start, side="right")) - 1
         position = start
         while position < stop and file_index < len(self._files):
@@ -267,16 +268,16 @@ class ParquetRowReader:
                 rows = self._read_groups(file_index, first, last)
                 lo = position - group_starts[first]
                 hi = min(stop, group_starts[last + 1]) - group_starts[first]
-                parts.append(rows[lo:hi])
+                slices.append(rows[lo:hi])
                 position = int(group_starts[first] + hi)
             file_index += 1
         if position != stop:
             raise StoreError(f"{self._root / 'data'}: no Parquet file holds rows "
                              f"{position}..{stop} (the files hold {start}..{position} of "
                              f"rows {start}..{stop})")
-        if not parts:
+        if not slices:
             return np.empty((0, *self._step_shape), dtype=self._dtype)
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out = slices[0] if len(slices) == 1 else np.concatenate(slices)
         return np.ascontiguousarray(out, dtype=self._dtype)
 
 
@@ -291,18 +292,18 @@ class ParquetFormat:
         return spec.span
 
     def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
-        columns = len(value_columns(layout.step_shape, None)) + 2
-        return int(layout.total_rows * (layout.row_bytes + _ROW_OVERHEAD) * 1.01) + (
+        columns = len(value_columns(layout.rows.step_shape, None)) + 2
+        return int(layout.rows.total_rows * (layout.rows.row_bytes + _ROW_OVERHEAD) * 1.01) + (
             num_pieces * _GROUP_OVERHEAD * columns // 4) + (64 << 10)
 
-    def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
+    def prepare(self, data_dir: Path, layout: DataLayout, num_parts: int) -> None:
         pass
 
-    def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
-                    pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
-        """One part file per shard, one row group per storage block (the pieces
-        of the block's series, in order)."""
-        name = self.shard_files(data_dir, layout, shard)[0]
+    def write_part(self, data_dir: Path, layout: DataLayout, part: PartTask,
+                   pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
+        """One file per part, one row group per storage block (the pieces of
+        the block's series, in order)."""
+        name = self.part_files(data_dir, layout, part)[0]
         build = _TableBuilder(layout)
         digester = BlockDigester(layout)
         compression = None if layout.compression == "none" else layout.compression
@@ -319,22 +320,22 @@ class ParquetFormat:
 
             current = -1
             for piece in digester.wrap(pieces):
-                if piece.global_start // layout.block_rows != current:
+                if piece.global_start // layout.rows.block_rows != current:
                     write_block()
-                    current = piece.global_start // layout.block_rows
+                    current = piece.global_start // layout.rows.block_rows
                 block.append(build(piece))
             write_block()
-        return {"path": f"data/{name}", "first_row": shard.first_row, "rows": shard.rows,
+        return {"path": f"data/{name}", "first_row": part.first_row, "rows": part.rows,
                 **digester.summary()}
 
-    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
-        return [f"part-{shard.number:05d}.parquet"]
+    def part_files(self, data_dir: Path, layout: DataLayout, part: PartTask) -> list[str]:
+        return [f"part-{part.number:05d}.parquet"]
 
     def finish(self, data_dir: Path, layout: DataLayout,
-               shards: list[dict[str, Any]]) -> dict[str, Any]:
-        files = [{k: s[k] for k in ("path", "first_row", "rows")} for s in shards]
-        return layout.data_section(files=files, columns=value_columns(layout.step_shape, None),
-                                   digests=write_digests(data_dir, layout, shards))
+               parts: list[dict[str, Any]]) -> dict[str, Any]:
+        files = [{k: p[k] for k in ("path", "first_row", "rows")} for p in parts]
+        return layout.data_section(files=files, columns=value_columns(layout.rows.step_shape, None),
+                                   digests=write_digests(data_dir, layout, parts))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> CheckedReader:

@@ -1,9 +1,9 @@
-"""TFRecord shards read by TensorFlow's own ops, with no Python per record:
+"""TFRecord parts (data files) read by TensorFlow's own ops, with no Python per record:
 what a tf.data service worker can run (it has TensorFlow, not windowkit).
 
 ``TFRecordDataset`` checks each record's CRCs; each record is parsed in the
 graph, refused if it belongs to another store, and decoded into its rows
-(block and halo). Only the shard files holding wanted records are opened.
+(block and halo). Only the part files holding wanted records are opened.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from windowkit.formats.base import ReaderSetup, store_tag
 if TYPE_CHECKING:
     import tensorflow as tf
 
-RECORD_FILES_AT_ONCE = 4  # shard files read from at once
+RECORD_FILES_AT_ONCE = 4  # part files read from at once
 
 
 class TFRecordGraphReader:
@@ -44,17 +44,18 @@ class TFRecordGraphReader:
 
     def pieces(self, wanted: np.ndarray, *, shuffle: bool, seed: int) -> tf.data.Dataset:
         """``(piece, rows)`` for each piece where ``wanted`` is true, reading only
-        the shard files that hold such pieces (in a seeded random order when
+        the part files that hold such pieces (in a seeded random order when
         ``shuffle``). The file list is the pipeline's source, so the tf.data
         service can hand the files out among its workers."""
         import tensorflow as tf
 
+        # "shard" and "shards": the on-disk names of the parts (data files), kept
         files = np.unique(self._records["shard"][wanted])
         paths = [str(self._root / self._data["shards"][int(i)]["path"]) for i in files]
         keep = tf.constant(np.asarray(wanted, dtype=bool))
         compression = "GZIP" if self._data.get("compression") == "gzip" else ""
-        dtype = tf.as_dtype(self._setup.dtype.newbyteorder("="))
-        step_shape = list(self._setup.step_shape)
+        dtype = tf.as_dtype(self._setup.rows.dtype.newbyteorder("="))
+        step_shape = list(self._setup.rows.step_shape)
         tag = tf.constant(store_tag(self._setup.store_id), tf.int64)
         where = str(self._root)
         features = {"record": tf.io.FixedLenFeature([], tf.int64),

@@ -1,9 +1,9 @@
-"""TFRecord storage: shards of ``tf.train.Example`` records, one per block piece.
+"""TFRecord storage: parts (data files) of ``tf.train.Example`` records, one per block piece.
 
 ``data/part-NNNNN-of-MMMMM.tfrecord`` files. Each record holds the rows of one
 series inside one storage block *plus a halo*: up to ``span - 1`` following rows
 of the same series, so every window whose start lies in the block is cut from
-that record alone (no window is lost at a block or shard boundary). Features:
+that record alone (no window is lost at a block or part boundary). Features:
 
 - ``record`` int64: the record's number in the store (its row in ``records.parquet``)
 - ``series`` int64: series id; ``row`` int64: row within the series of the first row
@@ -12,13 +12,14 @@ that record alone (no window is lost at a block or shard boundary). Features:
 - ``store`` int64: the store id's first 60 bits (a record of another store is refused)
 - ``data`` bytes: the ``rows + halo`` rows, raw little-endian, row-major
 
-``data/records.parquet`` lists every record's shard, byte offset and size, so
-any row range can be read by seeking (random access), checking the CRCs.
+``data/records.parquet`` lists every record's part (its ``shard`` column, an
+on-disk name kept from before parts were called parts), byte offset and size,
+so any row range can be read by seeking (random access), checking the CRCs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,11 @@ from windowkit.formats.base import (
     DataFile,
     DataLayout,
     DataSection,
+    PartTask,
     Piece,
     ReaderSetup,
     ReadSeries,
-    ShardTask,
+    RowReader,
     check_data_files,
     store_tag,
 )
@@ -66,22 +68,25 @@ MAX_HALO_FRACTION = 0.05  # default blocks are long enough that halos add <= 5%
 COMPRESSIONS = ("none", "gzip")
 _RECORD_OVERHEAD = 256  # framing, Example keys and int features of one record
 
+# "shard": the number of the part (data file) holding the record; the on-disk
+# column keeps the old word, so that stores written before still read
 _RECORD_COLUMNS = ("record", "shard", "offset", "bytes", "series", "row", "global_row",
                    "rows", "halo")
 
 
-def shard_name(number: int, count: int) -> str:
+def part_name(number: int, count: int) -> str:
     return f"part-{number:05d}-of-{count:05d}.tfrecord"
 
 
-class TFRecordShard(DataFile):
+class TFRecordPart(DataFile):
     records: Count
 
 
 class TFRecordData(DataSection):
     """The manifest's ``data`` section of a TFRecord store."""
 
-    shards: list[TFRecordShard] = Field(min_length=1)
+    # the parts (data files), in order; the manifest key keeps the old word
+    shards: list[TFRecordPart] = Field(min_length=1)
     records: StorePath
     slot_rows: Positive
 
@@ -109,22 +114,22 @@ class TFRecordFormat:
         return max(spec.span, int(np.ceil((spec.span - 1) / MAX_HALO_FRACTION)))
 
     def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
-        rows = layout.total_rows + num_pieces * (layout.window.span - 1)
-        return int(rows * layout.row_bytes * 1.01) + num_pieces * (
+        rows = layout.rows.total_rows + num_pieces * (layout.window.span - 1)
+        return int(rows * layout.rows.row_bytes * 1.01) + num_pieces * (
             _RECORD_OVERHEAD + 8 * len(_RECORD_COLUMNS)) + (64 << 10)
 
-    def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
+    def prepare(self, data_dir: Path, layout: DataLayout, num_parts: int) -> None:
         pass
 
-    def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
-                    pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
+    def write_part(self, data_dir: Path, layout: DataLayout, part: PartTask,
+                   pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
         gzip = layout.compression == "gzip"
-        little = layout.dtype.newbyteorder("<")
+        little = layout.rows.dtype.newbyteorder("<")
         halo_rows = layout.window.span - 1
         table: dict[str, list[int]] = {name: [] for name in _RECORD_COLUMNS}
         offset = 0
         digester = BlockDigester(layout)
-        with open(data_dir / shard_name(shard.number, shard.count), "wb") as out:
+        with open(data_dir / part_name(part.number, part.count), "wb") as out:
             for piece in digester.wrap(pieces):
                 stop = piece.local_start + len(piece.rows)
                 halo = read_series(piece.series_id, stop,
@@ -133,34 +138,35 @@ class TFRecordFormat:
                 example = encode_example(
                     {"record": [piece.number], "series": [piece.series_id],
                      "row": [piece.local_start], "rows": [len(piece.rows)],
-                     "halo": [len(halo)], "shape": list(layout.step_shape),
+                     "halo": [len(halo)], "shape": list(layout.rows.step_shape),
                      "store": [store_tag(layout.store_id)]},
                     {"data": np.ascontiguousarray(rows, dtype=little).tobytes()})
                 stored = frame_record(example, gzip=gzip)
                 out.write(stored)
                 for name, value in zip(_RECORD_COLUMNS, (
-                        piece.number, shard.number, offset, len(stored), piece.series_id,
+                        piece.number, part.number, offset, len(stored), piece.series_id,
                         piece.local_start, piece.global_start, len(piece.rows), len(halo)),
                         strict=True):
                     table[name].append(value)
                 offset += len(stored)
-        return {"path": f"data/{shard_name(shard.number, shard.count)}",
-                "first_row": shard.first_row, "rows": shard.rows,
+        return {"path": f"data/{part_name(part.number, part.count)}",
+                "first_row": part.first_row, "rows": part.rows,
                 "records": len(table["record"]), "table": table, **digester.summary()}
 
-    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
-        return [shard_name(shard.number, shard.count)]
+    def part_files(self, data_dir: Path, layout: DataLayout, part: PartTask) -> list[str]:
+        return [part_name(part.number, part.count)]
 
     def finish(self, data_dir: Path, layout: DataLayout,
-               shards: list[dict[str, Any]]) -> dict[str, Any]:
-        columns = {name: np.concatenate([np.asarray(s["table"][name], dtype=np.int64)
-                                         for s in shards]) for name in _RECORD_COLUMNS}
+               parts: list[dict[str, Any]]) -> dict[str, Any]:
+        columns = {name: np.concatenate([np.asarray(p["table"][name], dtype=np.int64)
+                                         for p in parts]) for name in _RECORD_COLUMNS}
         table = pa.table(columns).replace_schema_metadata({STORE_ID_KEY: layout.store_id})
         pq.write_table(table, data_dir / RECORDS_TABLE, write_page_checksum=True)
-        return layout.data_section(
-            shards=[{k: s[k] for k in ("path", "first_row", "rows", "records")} for s in shards],
-            records=f"data/{RECORDS_TABLE}", slot_rows=layout.block_rows + layout.window.span - 1,
-            digests=write_digests(data_dir, layout, shards))
+        return layout.data_section(  # "shards": the on-disk key of the parts, kept
+            shards=[{k: p[k] for k in ("path", "first_row", "rows", "records")} for p in parts],
+            records=f"data/{RECORDS_TABLE}",
+            slot_rows=layout.rows.block_rows + layout.window.span - 1,
+            digests=write_digests(data_dir, layout, parts))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> CheckedReader:
@@ -173,7 +179,7 @@ class TFRecordFormat:
         (:class:`windowkit.formats.tfrecord_graph.TFRecordGraphReader`)."""
         from windowkit.formats.tfrecord_graph import TFRecordGraphReader
 
-        records = RecordTable(data_dir.parent / data["records"], shards=len(data["shards"]),
+        records = RecordTable(data_dir.parent / data["records"], parts=len(data["shards"]),
                               setup=setup)
         return TFRecordGraphReader(data_dir, data, setup, records)
 
@@ -191,10 +197,10 @@ class TFRecordFormat:
 class RecordTable:
     """``records.parquet``: where each record lies and which rows it holds.
 
-    Checked on load: records in order, each in a shard of the store, holding at
+    Checked on load: records in order, each in a part of the store, holding at
     most a block plus its halo, and together every row once."""
 
-    def __init__(self, path: Path, *, shards: int, setup: ReaderSetup) -> None:
+    def __init__(self, path: Path, *, parts: int, setup: ReaderSetup) -> None:
         refuse_link(path)
         try:
             file = open_parquet(path, page_checksum_verification=True)
@@ -210,21 +216,21 @@ class RecordTable:
             ask_guard(setup)  # a replaced store says so
             raise StoreError(f"{path}: belongs to store id {store_id[:12] or '(none)'}, "
                              f"not to this store ({setup.store_id[:12]})")
-        problem = self._problem(shards, setup)
+        problem = self._problem(parts, setup)
         if problem:
             raise StoreError(f"{path}: {problem}")
 
-    def _problem(self, shards: int, setup: ReaderSetup) -> str | None:
+    def _problem(self, parts: int, setup: ReaderSetup) -> str | None:
         c, n = self.columns, len(self)
-        slot_bytes = (setup.block_rows + setup.span) * setup.dtype.itemsize * int(
-            np.prod(setup.step_shape, dtype=np.int64))
+        slot_bytes = (setup.rows.block_rows + setup.span) * setup.rows.dtype.itemsize * int(
+            np.prod(setup.rows.step_shape, dtype=np.int64))
         ends = c["global_row"] + c["rows"]
         checks = [
             (np.array_equal(c["record"], np.arange(n)), f"record numbers are not 0..{n - 1}"),
-            (n == 0 or (c["shard"].min() >= 0 and c["shard"].max() < shards),
-             f"a record names a shard outside 0..{shards - 1}"),
-            (n == 0 or (c["rows"].min() >= 1 and c["rows"].max() <= setup.block_rows),
-             f"a record holds no rows or more than a block ({setup.block_rows})"),
+            (n == 0 or (c["shard"].min() >= 0 and c["shard"].max() < parts),
+             f"a record names a part outside 0..{parts - 1}"),
+            (n == 0 or (c["rows"].min() >= 1 and c["rows"].max() <= setup.rows.block_rows),
+             f"a record holds no rows or more than a block ({setup.rows.block_rows})"),
             (n == 0 or (c["halo"].min() >= 0 and c["halo"].max() <= setup.span - 1),
              f"a record's halo is not within 0..{setup.span - 1} rows"),
             (n == 0 or (c["offset"].min() >= 0 and c["bytes"].min() >= 1
@@ -233,8 +239,8 @@ class RecordTable:
             (n == 0 or (c["global_row"][0] == 0 and np.array_equal(c["global_row"][1:],
                                                                    ends[:-1])),
              "records do not hold consecutive rows from row 0"),
-            ((ends[-1] if n else 0) == setup.total_rows,
-             f"records hold {ends[-1] if n else 0} rows, the store has {setup.total_rows}"),
+            ((ends[-1] if n else 0) == setup.rows.total_rows,
+             f"records hold {ends[-1] if n else 0} rows, the store has {setup.rows.total_rows}"),
         ]
         return next((message for ok, message in checks if not ok), None)
 
@@ -245,22 +251,24 @@ class RecordTable:
         return self.columns[name]
 
 
-class TFRecordRowReader:
+class TFRecordRowReader(RowReader):
     """Reads global row ranges by seeking to the records that hold them: the
     records needed are fetched as contiguous runs of bytes (one ranged request
     each on object storage, all at once), and every record's CRCs are checked."""
+
+    fetches_together = True
 
     def __init__(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup) -> None:
         self._root = data_dir.parent
         self._data = data
         self._setup = setup
-        self._dtype = setup.dtype
-        self._step_shape = setup.step_shape
-        self._little = setup.dtype.newbyteorder("<")
-        self._items = int(np.prod(setup.step_shape, dtype=np.int64))
+        self._dtype = setup.rows.dtype
+        self._step_shape = setup.rows.step_shape
+        self._little = setup.rows.dtype.newbyteorder("<")
+        self._items = int(np.prod(setup.rows.step_shape, dtype=np.int64))
         self._gzip = data.get("compression") == "gzip"
         self._tag = store_tag(setup.store_id)
-        self.block_rows = setup.block_rows
+        self.block_rows = setup.rows.block_rows
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -270,10 +278,10 @@ class TFRecordRowReader:
     @cached_property
     def records(self) -> RecordTable:
         return RecordTable(self._root / self._data["records"],
-                           shards=len(self._data["shards"]), setup=self._setup)
+                           parts=len(self._data["shards"]), setup=self._setup)
 
-    def shard_path(self, shard: int) -> Path:
-        return self._root / self._data["shards"][shard]["path"]
+    def part_path(self, part: int) -> Path:
+        return self._root / self._data["shards"][part]["path"]
 
     def _records_for(self, start: int, stop: int) -> list[int]:
         """The records whose rows (and halos) hold global rows ``[start, stop)``."""
@@ -289,19 +297,19 @@ class TFRecordRowReader:
         return out
 
     def _fetch(self, records: list[int]) -> dict[int, bytes]:
-        """The stored bytes of ``records`` (ascending): neighbours in one shard
+        """The stored bytes of ``records`` (ascending): neighbours in one part
         are one ranged read; all ranges are fetched together."""
         table = self.records
-        shard, offset, size = table["shard"], table["offset"], table["bytes"]
+        part, offset, size = table["shard"], table["offset"], table["bytes"]
         runs: list[list[int]] = []
         for record in records:
             last = runs[-1][-1] if runs else -1
-            if (runs and record == last + 1 and shard[record] == shard[last]
+            if (runs and record == last + 1 and part[record] == part[last]
                     and offset[record] == offset[last] + size[last]):
                 runs[-1].append(record)
             else:
                 runs.append([record])
-        paths = [self.shard_path(int(shard[run[0]])) for run in runs]
+        paths = [self.part_path(int(part[run[0]])) for run in runs]
         starts = [int(offset[run[0]]) for run in runs]
         stops = [int(offset[run[-1]] + size[run[-1]]) for run in runs]
         for path in set(paths):
@@ -310,7 +318,7 @@ class TFRecordRowReader:
             blobs = read_ranges(paths, starts, stops)
         except OSError as exc:
             ask_guard(self._setup)  # a replaced store says so, never "corrupt"
-            raise StoreError(f"{paths[0]}: cannot read shard ({exc})") from exc
+            raise StoreError(f"{paths[0]}: cannot read part ({exc})") from exc
         for path in set(paths):  # checked again after the read: no link was swapped in
             refuse_link(path)
         self._setup.check_store()  # after the read: the bytes read were this store's
@@ -324,7 +332,7 @@ class TFRecordRowReader:
     def _where(self, record: int) -> str:
         """Where a record lies, for messages."""
         table = self.records
-        return (f"{self.shard_path(int(table['shard'][record]))}: record {record} at byte "
+        return (f"{self.part_path(int(table['shard'][record]))}: record {record} at byte "
                 f"{int(table['offset'][record])}")
 
     def describe(self, block: int) -> str:
@@ -378,7 +386,7 @@ class TFRecordRowReader:
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return self.read_many([(start, stop)])[0]
 
-    def read_many(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
         """Global rows of each ``(start, stop)``, their records fetched at once."""
         table = self.records
         needed = [self._records_for(start, stop) for start, stop in ranges]

@@ -1,4 +1,11 @@
-"""Zarr v3 storage: one array of all rows, chunked along rows, zstd + crc32c."""
+"""Zarr v3 storage: one array of all rows, chunked along rows, zstd + crc32c.
+
+The array carries Zarr v3 ``dimension_names`` (:func:`dimension_names`), so
+xarray and xbatcher label its axes: ``"row"`` first, then ``"feature"`` for
+vector steps, or ``"step_dim_0"``, ``"step_dim_1"``, ... for N-D steps (such as
+``[C, H, W]`` frames, whose axes windowkit does not name). Readers never check
+the names: an array written without them (by an earlier release) reads the same.
+"""
 
 from __future__ import annotations
 
@@ -29,10 +36,11 @@ from windowkit.formats.base import (
     STORE_ID_KEY,
     DataLayout,
     DataSection,
+    PartTask,
     Piece,
     ReaderSetup,
     ReadSeries,
-    ShardTask,
+    RowReader,
 )
 from windowkit.location import as_url_path, is_remote, list_objects, read_ranges, remote_errors
 from windowkit.spec import WindowSpec
@@ -41,6 +49,15 @@ COMPRESSIONS = ("zstd", "gzip", "none")
 _CHUNK_OVERHEAD = 64  # bytes a chunk file may add to its rows (checksum, frame headers)
 
 _WRITE_BYTES = 16 << 20  # rows buffered before one multi-chunk write
+
+
+def dimension_names(step_shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The array's Zarr ``dimension_names``: ``("row",)`` for scalar steps,
+    ``("row", "feature")`` for vector steps, ``("row", "step_dim_0", ...)``
+    for N-D steps."""
+    if len(step_shape) == 1:
+        return ("row", "feature")
+    return ("row", *(f"step_dim_{i}" for i in range(len(step_shape))))
 
 
 def _compressors(compression: str) -> list[Any]:
@@ -55,10 +72,11 @@ class _SlabWriter:
     """Buffers consecutive rows and writes them to the array in chunk-aligned slabs."""
 
     def __init__(self, array: Any, layout: DataLayout, first_row: int) -> None:
-        chunks_per_write = max(1, _WRITE_BYTES // (layout.row_bytes * layout.block_rows))
+        chunks_per_write = max(1, _WRITE_BYTES // (layout.rows.row_bytes * layout.rows.block_rows))
         self._array = array
         self._slab = np.empty(
-            (chunks_per_write * layout.block_rows, *layout.step_shape), dtype=layout.dtype)
+            (chunks_per_write * layout.rows.block_rows, *layout.rows.step_shape),
+            dtype=layout.rows.dtype)
         self._slab_start = first_row  # global row of slab[0]
         self._filled = 0
 
@@ -128,7 +146,7 @@ def zarr_store(data_dir: Path) -> Any:
                                     storage_options=dict(url.storage_options))
 
 
-class ZarrRowReader:
+class ZarrRowReader(RowReader):
     """Reads global row ranges chunk by chunk: each chunk file is read (locally
     without following a link), its CRC-32C checked and its rows decoded into at
     most one chunk's bytes (a decompression bomb is one line); a missing chunk
@@ -138,11 +156,11 @@ class ZarrRowReader:
         self._data_dir = data_dir
         self._setup = setup
         self._compression = compression
-        self.block_rows = setup.block_rows
-        self._chunk_bytes = setup.block_rows * max(1, setup.dtype.itemsize * int(
-            np.prod(setup.step_shape, dtype=np.int64)))
-        self._little = setup.dtype.newbyteorder("<")
-        self._rest = "/0" * len(setup.step_shape)  # the chunk key after the row chunk
+        self.block_rows = setup.rows.block_rows
+        self._chunk_bytes = setup.rows.block_rows * max(1, setup.rows.dtype.itemsize * int(
+            np.prod(setup.rows.step_shape, dtype=np.int64)))
+        self._little = setup.rows.dtype.newbyteorder("<")
+        self._rest = "/0" * len(setup.rows.step_shape)  # the chunk key after the row chunk
         self._opened = False
         self._chunk_keys: dict[str, int] | None = None  # on object storage: listed once
 
@@ -167,12 +185,13 @@ class ZarrRowReader:
             ask_guard(setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{where}: cannot open the Zarr array ({exc})") from exc
         ask_guard(setup)  # after the read: the metadata read was this store's
-        expected = ((setup.total_rows, *setup.step_shape),
-                    (setup.block_rows, *setup.step_shape), setup.dtype, setup.store_id)
+        rows = setup.rows
+        expected = ((rows.total_rows, *rows.step_shape), (rows.block_rows, *rows.step_shape),
+                    rows.dtype, setup.store_id)
         if found != expected:
             raise StoreError(f"{where}: the array (shape, chunks, dtype, store id) "
                              f"{found} differs from the manifest's {expected}")
-        want = _expected_codecs(self._compression, setup.dtype)
+        want = _expected_codecs(self._compression, setup.rows.dtype)
         if codecs != want or key != f"c/1{self._rest}":
             raise StoreError(f"{where}: the array's codecs {codecs} (chunk key {key!r}) "
                              f"differ from what the manifest says: {want} (key "
@@ -216,8 +235,8 @@ class ZarrRowReader:
             ask_guard(self._setup)
             raise StoreError(f"{path}: cannot decode Zarr chunk ({exc})") from exc
         values = np.frombuffer(raw, dtype=self._little)
-        return values.astype(self._setup.dtype, copy=False).reshape(
-            self.block_rows, *self._setup.step_shape)
+        return values.astype(self._setup.rows.dtype, copy=False).reshape(
+            self.block_rows, *self._setup.rows.step_shape)
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         self._open()
@@ -229,7 +248,8 @@ class ZarrRowReader:
             ask_guard(self._setup)  # a replaced store says so, never "missing"
             raise
         self._setup.check_store()  # after the read: the chunks read were this store's
-        out = np.empty((max(0, stop - start), *self._setup.step_shape), dtype=self._setup.dtype)
+        layout = self._setup.rows
+        out = np.empty((max(0, stop - start), *layout.step_shape), dtype=layout.dtype)
         for chunk, blob in zip(chunks, stored, strict=True):
             rows = self._decode(chunk, blob)
             lo, hi = max(start, chunk * size), min(stop, (chunk + 1) * size)
@@ -313,34 +333,35 @@ class ZarrFormat:
         return spec.span
 
     def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
-        return int(layout.total_rows * layout.row_bytes * 1.01) + (
-            layout.num_blocks * _CHUNK_OVERHEAD) + (64 << 10)
+        return int(layout.rows.total_rows * layout.rows.row_bytes * 1.01) + (
+            layout.rows.num_blocks * _CHUNK_OVERHEAD) + (64 << 10)
 
-    def prepare(self, data_dir: Path, layout: DataLayout, num_shards: int) -> None:
-        """Create the array (metadata only); shards then fill disjoint chunks."""
+    def prepare(self, data_dir: Path, layout: DataLayout, num_parts: int) -> None:
+        """Create the array (metadata only); parts then fill disjoint chunks."""
         import zarr
 
         zarr.create_array(
             store=str(data_dir),
-            shape=(layout.total_rows, *layout.step_shape),
-            chunks=(layout.block_rows, *layout.step_shape),
-            dtype=layout.dtype,
+            shape=(layout.rows.total_rows, *layout.rows.step_shape),
+            chunks=(layout.rows.block_rows, *layout.rows.step_shape),
+            dtype=layout.rows.dtype,
             compressors=_compressors(layout.compression),
             fill_value=0,
             config={"write_empty_chunks": True},
             zarr_format=3,
+            dimension_names=dimension_names(layout.rows.step_shape),
             attributes={STORE_ID_KEY: layout.store_id},
         )
 
-    def write_shard(self, data_dir: Path, layout: DataLayout, shard: ShardTask,
-                    pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
+    def write_part(self, data_dir: Path, layout: DataLayout, part: PartTask,
+                   pieces: Iterator[Piece], read_series: ReadSeries) -> dict[str, Any]:
         import zarr
 
         # the setting is not stored with the array: a chunk of zeros (the fill
         # value) must still be written, or it would be missing from the store
         array = zarr.open_array(store=str(data_dir), mode="r+").with_config(
             {"write_empty_chunks": True})
-        slab = _SlabWriter(array, layout, shard.first_row)
+        slab = _SlabWriter(array, layout, part.first_row)
         digester = BlockDigester(layout)
         try:
             for piece in digester.wrap(pieces):
@@ -349,22 +370,22 @@ class ZarrFormat:
         except BaseException:  # e.g. ENOSPC: the chunk writes still pending end here,
             _settle_pending_writes()  # not as "Task was destroyed" noise at exit
             raise
-        if end != shard.first_row + shard.rows:
-            raise StoreError(f"shard {shard.number} wrote rows up to {end}, expected "
-                             f"{shard.first_row + shard.rows}")
-        return {"rows": shard.rows, **digester.summary()}
+        if end != part.first_row + part.rows:
+            raise StoreError(f"part {part.number} wrote rows up to {end}, expected "
+                             f"{part.first_row + part.rows}")
+        return {"rows": part.rows, **digester.summary()}
 
-    def shard_files(self, data_dir: Path, layout: DataLayout, shard: ShardTask) -> list[str]:
-        """The chunk files of the shard's blocks (default v3 chunk key encoding)."""
-        first = shard.first_row // layout.block_rows
-        stop = -(-(shard.first_row + shard.rows) // layout.block_rows)
-        rest = "/0" * len(layout.step_shape)
+    def part_files(self, data_dir: Path, layout: DataLayout, part: PartTask) -> list[str]:
+        """The chunk files of the part's blocks (default v3 chunk key encoding)."""
+        first = part.first_row // layout.rows.block_rows
+        stop = -(-(part.first_row + part.rows) // layout.rows.block_rows)
+        rest = "/0" * len(layout.rows.step_shape)
         return [f"c/{chunk}{rest}" for chunk in range(first, stop)]
 
     def finish(self, data_dir: Path, layout: DataLayout,
-               shards: list[dict[str, Any]]) -> dict[str, Any]:
-        return layout.data_section(array=".", chunk_rows=layout.block_rows,
-                                   digests=write_digests(data_dir, layout, shards))
+               parts: list[dict[str, Any]]) -> dict[str, Any]:
+        return layout.data_section(array=".", chunk_rows=layout.rows.block_rows,
+                                   digests=write_digests(data_dir, layout, parts))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> CheckedReader:

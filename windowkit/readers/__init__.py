@@ -15,7 +15,7 @@ from windowkit.permutation import index_shuffle
 from windowkit.readers._gather import DEFAULT_CACHE_BYTES, BlockPool, WindowGather
 from windowkit.readers._order import EpochOrder, WindowOrder, block_first_positions, num_batches
 from windowkit.readers._random import default_memory_budget
-from windowkit.readers.plan import ReadPlan, StoreRows
+from windowkit.readers.plan import ReadPlan, StoreAccess
 
 
 def check_shuffle(shuffle: object) -> bool | str:
@@ -40,7 +40,7 @@ __all__ = [
     "BlockPool",
     "EpochOrder",
     "ReadPlan",
-    "StoreRows",
+    "StoreAccess",
     "WindowGather",
     "WindowOrder",
     "block_first_positions",

@@ -1,4 +1,4 @@
-"""Resolve batches of windows from storage blocks with one vectorized gather.
+"""Cut batches of windows from storage blocks with one vectorized gather.
 
 A :class:`BlockPool` keeps decoded storage blocks in one preallocated array.
 Each slot holds a block *plus a halo* of the ``span - 1`` rows that follow it,
@@ -19,8 +19,9 @@ import numpy as np
 
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
+from windowkit.layout import RowLayout
 from windowkit.spec import WindowSpec
-from windowkit.windows import take_windows, window_views
+from windowkit.windows import cut_from_views, window_views
 
 DEFAULT_CACHE_BYTES = 24 << 20
 
@@ -40,14 +41,14 @@ class _LoaderReaders:
 
     Format readers keep open file handles (seeked, then read) and small caches,
     so they are not safe to share between threads: each loader thread reads
-    with its own copy, made by pickling (readers pickle without their handles).
-    A reader with ``thread_safe = True`` is shared as is; one that does not
-    pickle is shared behind a lock, so its reads run one at a time.
+    with its own :meth:`~windowkit.formats.RowReader.clone`. A reader that
+    declares ``thread_safe`` is shared as is; one that cannot be cloned is
+    shared behind a lock, so its reads run one at a time.
     """
 
     def __init__(self, reader: RowReader) -> None:
         self._reader = reader
-        self._shared = bool(getattr(reader, "thread_safe", False))
+        self._shared = reader.thread_safe
         self._lock = threading.Lock()
         self._original_taken = False
         self._local = threading.local()
@@ -69,7 +70,7 @@ class _LoaderReaders:
                 self._original_taken = True
                 return self._reader
         try:
-            return pickle.loads(pickle.dumps(self._reader))
+            return self._reader.clone()
         except (pickle.PicklingError, TypeError, AttributeError):  # share, one read at a time
             return self._reader
 
@@ -86,16 +87,17 @@ class BlockPool:
     fails, the block is free again and the next caller loads it anew.
     """
 
-    def __init__(self, reader: RowReader, *, total_rows: int, halo: int,
-                 step_shape: tuple[int, ...], dtype: np.dtype, cache_bytes: int) -> None:
+    def __init__(self, reader: RowReader, layout: RowLayout, *, halo: int,
+                 cache_bytes: int) -> None:
         self.reader = reader
-        self.block_rows = reader.block_rows
+        self.block_rows = layout.block_rows
         self.slot_rows = self.block_rows + halo
-        self.total_rows = total_rows
-        self.num_blocks = num_blocks = -(-total_rows // self.block_rows)
-        slot_bytes = self.slot_rows * dtype.itemsize * int(np.prod(step_shape, dtype=np.int64))
-        self.capacity = int(max(2, min(num_blocks, cache_bytes // max(1, slot_bytes))))
-        self.data = np.zeros((self.capacity * self.slot_rows, *step_shape), dtype=dtype)
+        self.total_rows = layout.total_rows
+        self.num_blocks = num_blocks = layout.num_blocks
+        slot_bytes = self.slot_rows * layout.row_bytes
+        self.capacity = int(max(2, min(num_blocks, cache_bytes // slot_bytes)))
+        self.data = np.zeros((self.capacity * self.slot_rows, *layout.step_shape),
+                             dtype=layout.dtype)
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # block -> slot, LRU first
         self._loading: set[int] = set()  # blocks whose reserved slot is being filled
         self._pins = np.zeros(self.capacity, dtype=np.int64)
@@ -233,14 +235,12 @@ class BlockPool:
 class WindowGather:
     """Cuts windows (and horizon targets) from a pool, batch by batch."""
 
-    def __init__(self, reader: RowReader, *, spec: WindowSpec, total_rows: int,
-                 step_shape: tuple[int, ...], dtype: np.dtype,
+    def __init__(self, reader: RowReader, layout: RowLayout, *, spec: WindowSpec,
                  cache_bytes: int = DEFAULT_CACHE_BYTES,
                  targets: np.ndarray | None = None) -> None:
         self.spec = spec
         self.targets = targets  # the columns targets keep (None: all)
-        self.pool = BlockPool(reader, total_rows=total_rows, halo=spec.span - 1,
-                              step_shape=step_shape, dtype=dtype, cache_bytes=cache_bytes)
+        self.pool = BlockPool(reader, layout, halo=spec.span - 1, cache_bytes=cache_bytes)
         self._views = window_views(self.pool.data, spec)  # every window of every slot
 
     def blocks_per_group(self, num_blocks: int) -> int:
@@ -254,10 +254,10 @@ class WindowGather:
 
     def __call__(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Windows starting at global rows ``starts``: ``(x, y)``, ``y`` None if H=0."""
-        return self.resolve(starts, self.targets)
+        return self.cut(starts, self.targets)
 
-    def resolve(self, starts: np.ndarray, targets: np.ndarray | None
-                ) -> tuple[np.ndarray, np.ndarray | None]:
+    def cut(self, starts: np.ndarray, targets: np.ndarray | None
+            ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(x, y)`` of the windows starting at global rows ``starts``, ``y``
         holding the ``targets`` columns (None: every column)."""
         starts = np.asarray(starts, dtype=np.int64)
@@ -265,8 +265,8 @@ class WindowGather:
         unique, inverse = np.unique(block, return_inverse=True)
         limit = max(1, self.pool.capacity // 2)
         if len(unique) <= limit:
-            return self._gather(starts, block, unique, inverse, targets)
-        # more blocks than one pass may pin: resolve in groups of blocks
+            return self._cut_pinned(starts, block, unique, inverse, targets)
+        # more blocks than one pass may pin: cut in groups of blocks
         data, spec = self.pool.data, self.spec
         x = np.empty((len(starts), spec.length, *data.shape[1:]), dtype=data.dtype)
         y = None
@@ -275,19 +275,21 @@ class WindowGather:
             y = np.empty((len(starts), spec.horizon, *y_shape), dtype=data.dtype)
         for lo in range(0, len(unique), limit):
             members = np.flatnonzero((inverse >= lo) & (inverse < lo + limit))
-            part_x, part_y = self._gather(starts[members], block[members],
-                                          unique[lo:lo + limit], inverse[members] - lo, targets)
-            x[members] = part_x
-            if y is not None and part_y is not None:
-                y[members] = part_y
+            group_x, group_y = self._cut_pinned(starts[members], block[members],
+                                                unique[lo:lo + limit], inverse[members] - lo,
+                                                targets)
+            x[members] = group_x
+            if y is not None and group_y is not None:
+                y[members] = group_y
         return x, y
 
-    def _gather(self, starts: np.ndarray, block: np.ndarray, unique: np.ndarray,
-                inverse: np.ndarray, targets: np.ndarray | None
-                ) -> tuple[np.ndarray, np.ndarray | None]:
+    def _cut_pinned(self, starts: np.ndarray, block: np.ndarray, unique: np.ndarray,
+                    inverse: np.ndarray, targets: np.ndarray | None
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`cut` for windows in blocks ``unique`` (few enough to pin at once)."""
         slots = self.pool.acquire(unique)
         try:
             at = slots[inverse] * self.pool.slot_rows + (starts - block * self.pool.block_rows)
-            return take_windows(self._views, at, targets)
+            return cut_from_views(self._views, at, targets)
         finally:
             self.pool.release(slots)

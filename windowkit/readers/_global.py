@@ -119,8 +119,8 @@ def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
                     ) -> tf.data.Dataset:
     """``source``'s batches as a ``tf.data.Dataset``: one ``numpy_function``
     call per chunk of ``CHUNK_BATCHES`` batches (a call costs more than
-    gathering a batch), chunks in parallel, each cut into its batches in the
-    graph; each iteration a new key drawn from ``seed``."""
+    cutting a batch's windows), chunks in parallel, each sliced into its
+    batches in the graph; each iteration a new key drawn from ``seed``."""
     import tensorflow as tf
 
     batch_size, total = source.batch_size, source.num_windows
@@ -135,11 +135,11 @@ def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
     batch_shapes = [tf.TensorShape([batch_size if full else None, *shape[1:]])
                     for shape in shapes]
 
-    def gather(key: Any, lo: Any) -> list[np.ndarray]:
+    def cut_chunk(key: Any, lo: Any) -> list[np.ndarray]:  # the chunk's windows, cut
         part = source.windows(int(key) % 2**64, int(lo), min(int(lo) + chunk, windows))
         return [np.asarray(array) for array in tf.nest.flatten(part)]
 
-    def cut(flat: tuple[tf.Tensor, ...], lo: tf.Tensor) -> Any:
+    def batch_at(flat: tuple[tf.Tensor, ...], lo: tf.Tensor) -> Any:
         parts = [tensor[lo:lo + batch_size] for tensor in flat]
         for tensor, shape in zip(parts, batch_shapes, strict=True):
             tensor.set_shape(shape)
@@ -148,13 +148,13 @@ def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
     def load(lo: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         # stateless: a chunk depends only on (key, lo), so symbolic
         # checkpointing records the position and nothing else
-        flat = tf.numpy_function(gather, [key, lo], dtypes, stateful=False)
+        flat = tf.numpy_function(cut_chunk, [key, lo], dtypes, stateful=False)
         for tensor, shape in zip(flat, shapes, strict=True):
             tensor.set_shape(shape)
         return tf.minimum(tf.constant(chunk, tf.int64), windows - lo), tuple(flat)
 
     def chunk_batches(size: tf.Tensor, flat: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
-        return tf.data.Dataset.range(0, size, batch_size).map(lambda at: cut(flat, at))
+        return tf.data.Dataset.range(0, size, batch_size).map(lambda at: batch_at(flat, at))
 
     def epoch(key: tf.Tensor) -> tf.data.Dataset:
         chunks = tf.data.Dataset.range(0, windows, chunk)

@@ -70,9 +70,9 @@ class BlockWindows:
     @classmethod
     def of(cls, plan: ReadPlan) -> BlockWindows:
         """The plan's windows in each of the store's blocks."""
-        block_first = np.arange(plan.num_blocks, dtype=np.int64) * plan.block_rows
+        block_first = np.arange(plan.layout.num_blocks, dtype=np.int64) * plan.layout.block_rows
         return cls(plan.runs, block_first,
-                   np.minimum(plan.block_rows, plan.total_rows - block_first))
+                   np.minimum(plan.layout.block_rows, plan.layout.total_rows - block_first))
 
     def starts(self, blocks: tf.Tensor, offsets: tf.Tensor) -> tf.Tensor:
         """Row positions, in a tensor holding block ``blocks[i]`` at row
@@ -123,7 +123,7 @@ class GroupLoader:
         for twin in [reader] + [copy.copy(reader) for _ in range(readers - 1)]:
             self._idle.put(twin)
         self._pool = ThreadPoolExecutor(readers, "windowkit-group") if readers > 1 else None
-        self._fetches_together = hasattr(reader, "read_many")
+        self._fetches_together = reader.fetches_together
         self._heads: OrderedDict[int, np.ndarray] = OrderedDict()  # block -> its first rows
         self._head_bytes = 0
         self._heads_lock = threading.Lock()
@@ -132,8 +132,9 @@ class GroupLoader:
     def of(cls, plan: ReadPlan) -> GroupLoader:
         """A loader of the plan's store: one reader locally, ``REMOTE_READERS``
         copies on object storage."""
-        return cls(plan.row_reader(), total_rows=plan.total_rows, halo=plan.spec.span - 1,
-                   readers=REMOTE_READERS if is_remote(plan.path) else 1)
+        return cls(plan.store.row_reader(), total_rows=plan.layout.total_rows,
+                   halo=plan.spec.span - 1,
+                   readers=REMOTE_READERS if is_remote(plan.store.path) else 1)
 
     def _head(self, block: int) -> np.ndarray | None:
         with self._heads_lock:
@@ -159,9 +160,7 @@ class GroupLoader:
     def _read(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
         reader = self._idle.get()  # waits for a free reader
         try:
-            read_many = getattr(reader, "read_many", None)  # fetches them together
-            return list(read_many(ranges) if read_many is not None
-                        else [reader.read_rows(a, b) for a, b in ranges])
+            return reader.read_many(ranges)
         finally:
             self._idle.put(reader)
 
@@ -222,16 +221,17 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
     ``with_series``, ``(rows, starts, series)``, each window's series id too."""
     import tensorflow as tf
 
-    spec, step_shape = plan.spec, plan.step_shape
+    spec, layout = plan.spec, plan.layout
+    step_shape = layout.step_shape
     windows = BlockWindows.of(plan)
     useful = np.flatnonzero(windows.windows > 0)  # only blocks where split windows start
     group = default_group(shuffle_blocks, cache_bytes=cache_bytes,
-                          block_bytes=(plan.block_rows + spec.span - 1) * plan.row_bytes,
+                          block_bytes=(layout.block_rows + spec.span - 1) * layout.row_bytes,
                           num_blocks=len(useful))
     sampler = Sampler(windows.windows, group=group, shuffle=shuffle, seed=seed)
-    remote = is_remote(plan.path)
+    remote = is_remote(plan.store.path)
     loader = GroupLoader.of(plan)
-    dtype = tf.as_dtype(plan.dtype)
+    dtype = tf.as_dtype(layout.dtype)
 
     def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, ...]:
         # stateless: the rows depend only on the block ids (the loader's caches

@@ -42,7 +42,7 @@ from windowkit.permutation import GOLDEN, KeyedPermutations, mix
 from windowkit.readers._parts import BatchParts
 from windowkit.readers.plan import ReadPlan
 from windowkit.stats import Normalizer
-from windowkit.windows import take_windows, window_views
+from windowkit.windows import cut_from_views, window_views
 
 SPILL_DIR_ENV = "WINDOWKIT_SPILL_DIR"
 LOAD_BYTES = 16 << 20  # rows read at once while loading (two such reads in flight)
@@ -95,7 +95,7 @@ def _filesystem_type(path: Path) -> str:
 
 
 @dataclass(frozen=True)
-class RowsLayout:
+class HeldPlacement:
     """Where the rows of a plan's blocks go in the held rows.
 
     ``loads`` are the reads, each a run of blocks (ascending) read with one
@@ -107,10 +107,10 @@ class RowsLayout:
     total_rows: int
 
     @classmethod
-    def of(cls, plan: ReadPlan) -> RowsLayout:
-        size, halo = plan.block_rows, plan.spec.span - 1
+    def of(cls, plan: ReadPlan) -> HeldPlacement:
+        size, halo = plan.layout.block_rows, plan.spec.span - 1
         blocks = np.flatnonzero(plan.windows_per_block()).astype(np.int64)
-        per_load = max(1, LOAD_BYTES // max(1, (size + halo) * plan.row_bytes))
+        per_load = max(1, LOAD_BYTES // max(1, (size + halo) * plan.layout.row_bytes))
         loads: list[tuple[np.ndarray, int, int]] = []
         base = 0
         for lo in range(0, len(blocks), per_load):
@@ -118,11 +118,11 @@ class RowsLayout:
             breaks = np.flatnonzero(np.diff(part) != 1) + 1
             firsts = part[np.concatenate([[0], breaks])]
             lasts = part[np.concatenate([breaks - 1, [len(part) - 1]])]
-            rows = int(np.sum(np.minimum(plan.total_rows, (lasts + 1) * size + halo)
+            rows = int(np.sum(np.minimum(plan.layout.total_rows, (lasts + 1) * size + halo)
                               - firsts * size))
             loads.append((part, base, rows))
             base += rows
-        return cls(loads, np.full(plan.num_blocks, -1, dtype=np.int64), base)
+        return cls(loads, np.full(plan.layout.num_blocks, -1, dtype=np.int64), base)
 
 
 class HeldRows:
@@ -131,26 +131,26 @@ class HeldRows:
 
     def __init__(self, plan: ReadPlan, *, memory_budget: int,
                  spill_dir: str | os.PathLike[str] | None = None) -> None:
-        layout = RowsLayout.of(plan)
-        self.block_rows = plan.block_rows
+        layout = HeldPlacement.of(plan)
+        self.block_rows = plan.layout.block_rows
         self.block_base = layout.block_base
-        self.nbytes = layout.total_rows * plan.row_bytes
+        self.nbytes = layout.total_rows * plan.layout.row_bytes
         self.spilled = self.nbytes > memory_budget
         self._file: IO[bytes] | None = None
         self._map: mmap.mmap | None = None
         self._gathered = 0
         self._lock = threading.Lock()
-        shape = (layout.total_rows, *plan.step_shape)
+        shape = (layout.total_rows, *plan.layout.step_shape)
         if self.spilled:
             self._file = file = _spill_file(plan, self.nbytes, spill_dir)
             _load(plan, layout, lambda base, part: _write_small(file, part))
             file.flush()
             self._map = mmap.mmap(file.fileno(), max(1, self.nbytes), prot=mmap.PROT_READ)
             self._map.madvise(mmap.MADV_RANDOM)  # no read-around: a window is a small read
-            rows = np.frombuffer(self._map, dtype=plan.dtype,
+            rows = np.frombuffer(self._map, dtype=plan.layout.dtype,
                                  count=layout.total_rows * _cells(plan)).reshape(shape)
         else:
-            rows = np.empty(shape, dtype=plan.dtype)
+            rows = np.empty(shape, dtype=plan.layout.dtype)
 
             def put(base: int, part: np.ndarray) -> None:
                 rows[base:base + len(part)] = part
@@ -167,7 +167,7 @@ class HeldRows:
         """``(x, horizon)`` of the windows starting at global rows ``starts``."""
         block = starts // self.block_rows
         at = self.block_base[block] + (starts - block * self.block_rows)
-        x, horizon = take_windows(self._views, at, targets)
+        x, horizon = cut_from_views(self._views, at, targets)
         if self._map is not None:
             self._count(len(starts) * FAULT_AROUND)
         return x, horizon
@@ -201,7 +201,7 @@ def _write_small(file: IO[bytes], rows: np.ndarray) -> None:
 
 
 def _cells(plan: ReadPlan) -> int:
-    return int(np.prod(plan.step_shape, dtype=np.int64))
+    return int(np.prod(plan.layout.step_shape, dtype=np.int64))
 
 
 def _spill_file(plan: ReadPlan, nbytes: int, spill_dir: str | os.PathLike[str] | None
@@ -212,14 +212,14 @@ def _spill_file(plan: ReadPlan, nbytes: int, spill_dir: str | os.PathLike[str] |
     free = shutil.disk_usage(directory).free
     if nbytes > free:
         raise InvalidSpecError(
-            f"{plan.path}: split {plan.split!r} needs {human_size(nbytes)} of rows, more "
+            f"{plan.store.path}: split {plan.split!r} needs {human_size(nbytes)} of rows, more "
             f"than memory_budget, and {directory} has {human_size(free)} free to hold them; "
             f"set spill_dir= (or ${SPILL_DIR_ENV}) to a local disk with room, raise "
             "memory_budget, or use shuffle='blocks'")
     return tempfile.TemporaryFile(dir=directory, prefix="windowkit-spill-")
 
 
-def _load(plan: ReadPlan, layout: RowsLayout,
+def _load(plan: ReadPlan, layout: HeldPlacement,
           put: Callable[[int, np.ndarray], object]) -> None:
     """Read every load of ``layout`` in order (the next one read while this one
     is put), record where each block landed, and hand ``put(base, rows)`` the
@@ -295,8 +295,8 @@ class UniformBatches:
         self.plan, self.held, self.parts = plan, held, parts
         self.batch_size = batch_size
         self.order = UniformOrder(plan.runs, seed=seed, shard=shard)
-        self.norm: Normalizer | None = plan.normalizer() if normalize else None
-        self._columns = parts.horizon_columns(plan.target_index)
+        self.norm: Normalizer | None = plan.store.normalizer() if normalize else None
+        self._columns = parts.horizon_columns(plan.store.target_index)
 
     @property
     def num_windows(self) -> int:
@@ -313,4 +313,4 @@ class UniformBatches:
         starts, series = self.order.starts(key, lo, hi)
         x, horizon = self.held.windows(starts, self._columns)
         return self.parts.assemble(x, horizon, series if self.parts.series else None,
-                                   targets=self.plan.target_index, norm=self.norm)
+                                   targets=self.plan.store.target_index, norm=self.norm)

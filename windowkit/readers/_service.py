@@ -6,7 +6,7 @@ The other pipelines read rows with the format's Python row reader (in a
 files TensorFlow reads by itself offers a graph reader
 (``open_graph_reader``: TFRecord, through ``TFRecordDataset``); then:
 
-1. the shard files holding pieces (one series inside one block, with its
+1. the part files holding pieces (one series inside one block, with its
    halo) with windows of the split are the pipeline's source: the service
    hands them out among its workers, each file to one worker per epoch;
 2. each piece's windows are cut in one ``tf.gather`` (a graph-side lookup
@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from windowkit.errors import InvalidSpecError
+from windowkit.formats.base import ReadsInGraph
 from windowkit.location import is_remote
 from windowkit.readers._cut import PREFETCH_BATCHES, window_cutter
 from windowkit.readers._parts import BatchParts
@@ -33,17 +34,17 @@ if TYPE_CHECKING:
 
 def check_service_plan(plan: ReadPlan, *, shuffle: bool | str) -> None:
     """One line if ``plan`` cannot be read through the tf.data service."""
-    if not hasattr(plan.storage, "open_graph_reader"):
+    if not isinstance(plan.store.storage, ReadsInGraph):
         raise InvalidSpecError(
-            f"{plan.path}: service= needs a store TensorFlow reads by itself (TFRecord); "
-            f"this {plan.format} store is read by Python (the format's row reader), which "
+            f"{plan.store.path}: service= needs a store TensorFlow reads by itself (TFRecord); "
+            f"this {plan.store.format} store is read by Python (the format's row reader), which "
             "tf.data workers cannot run; convert with --format tfrecord, or read without "
             "the service")
     if shuffle == "global":
         raise InvalidSpecError("service= shuffles through a buffer on each worker; "
                                "shuffle='global' is not available with it")
-    if is_remote(plan.path):
-        raise InvalidSpecError(f"{plan.path}: service= reads stores on a file system the "
+    if is_remote(plan.store.path):
+        raise InvalidSpecError(f"{plan.store.path}: service= reads stores on a file system the "
                                "tf.data workers share, not on object storage")
     if plan.shard != (0, 1):
         raise InvalidSpecError("service= splits the files among its workers itself; do "
@@ -75,11 +76,13 @@ def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int
 
     from windowkit.readers._groups import BlockWindows
 
-    reader = plan.storage.open_graph_reader(  # type: ignore[attr-defined]
-        plan.path / "data", plan.data, plan.reader_setup())
+    storage = plan.store.storage
+    assert isinstance(storage, ReadsInGraph)  # check_service_plan said so
+    reader = storage.open_graph_reader(
+        plan.store.path / "data", plan.store.data, plan.store.reader_setup())
     lookup = BlockWindows(plan.runs, reader.piece_first_row, reader.piece_rows)
-    cut = window_cutter(plan.spec, plan.normalizer() if normalize else None,
-                        plan.target_index, parts)
+    cut = window_cutter(plan.spec, plan.store.normalizer() if normalize else None,
+                        plan.store.target_index, parts)
     row_offset = tf.constant(plan.runs.row_offset, tf.int64)
     piece_first = tf.constant(reader.piece_first_row, tf.int64)
 
@@ -94,7 +97,7 @@ def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int
     ds = ds.map(piece_windows, num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=not shuffle).unbatch()
     if shuffle:
-        window_bytes = plan.spec.span * plan.row_bytes
+        window_bytes = plan.spec.span * plan.layout.row_bytes
         ds = ds.shuffle(max(batch_size, cache_bytes // window_bytes), seed=seed,
                         reshuffle_each_iteration=True)
     return ds.batch(batch_size)

@@ -2,7 +2,7 @@
 
 ``__getitem__(i)`` finds the windows of batch ``i`` in the epoch's seeded order
 (:class:`windowkit.readers.EpochOrder`, random access, so Keras workers may ask for
-batches in any order) and resolves them with one vectorized gather over a block
+batches in any order) and cuts them with one vectorized gather over a block
 cache. ``on_epoch_end`` moves on to the next epoch's order.
 
 The dataset pickles as its read plan and arguments (the compact window runs
@@ -86,13 +86,13 @@ class WindowPyDataset(keras.utils.PyDataset):
         self.seed = check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
         self.normalize = bool(normalize)
-        self.parts = plan.parts(return_series)
+        self.parts = plan.store.parts(return_series)
         self.choice = choose_shuffle(plan, self.shuffle,
                                      memory_budget=check_budget("memory_budget", memory_budget),
                                      cache_bytes=check_budget("cache_bytes", cache_bytes))
         self.spill_dir = spill_dir
         if normalize:
-            plan.normalizer()  # fail now, not in a worker, if the store has no statistics
+            plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
         self._first_batch = 0  # batches of epoch `_epoch` already done (resuming)
         self._reset_process_state()
@@ -138,19 +138,19 @@ class WindowPyDataset(keras.utils.PyDataset):
         with self._lock:
             if self._local is None:
                 plan = self.plan
-                gather = plan.window_gather(self.choice.cache_bytes)
+                gather = plan.store.window_gather(self.choice.cache_bytes)
                 order = WindowOrder(
                     plan.runs, shuffle=self.choice.mode == "blocks", seed=self.seed,
-                    block_rows=gather.pool.block_rows, total_rows=plan.total_rows,
+                    block_rows=gather.pool.block_rows, total_rows=plan.layout.total_rows,
                     blocks_per_group=gather.blocks_per_group)
-                norm = plan.normalizer() if self.normalize else None
+                norm = plan.store.normalizer() if self.normalize else None
                 self._local = _Local(gather, order, norm)
             return self._local
 
     def _epoch_order(self, local: _Local) -> EpochOrder:
         epoch, current = self._epoch, self._current
         if current is None or current[0] != epoch:
-            self.plan.guard.check()  # a new epoch of a replaced store: an error, even
+            self.plan.store.guard.check()  # a new epoch of a replaced store: an error, even
             current = (epoch, local.order.epoch(epoch))  # from blocks in the cache
             self._current = current
         return current[1]
@@ -203,7 +203,7 @@ class WindowPyDataset(keras.utils.PyDataset):
         if self._held_rows:
             uniform = self._uniform_batches()
             if self._checked_epoch != self._epoch:  # a new epoch of a replaced store:
-                self.plan.guard.check()  # an error, even from rows already held
+                self.plan.store.guard.check()  # an error, even from rows already held
                 self._checked_epoch = self._epoch
             return uniform.batch(uniform.order.epoch_key(self._epoch), i)
         local = self._process_local()
@@ -213,8 +213,9 @@ class WindowPyDataset(keras.utils.PyDataset):
             starts, series = order.batch_with_series(i, self.batch_size)
         else:
             starts = order.batch(i, self.batch_size)
-        x, horizon = local.gather.resolve(starts, parts.horizon_columns(self.plan.target_index))
-        return parts.assemble(x, horizon, series, targets=self.plan.target_index,
+        targets = self.plan.store.target_index
+        x, horizon = local.gather.cut(starts, parts.horizon_columns(targets))
+        return parts.assemble(x, horizon, series, targets=targets,
                               norm=local.normalizer)
 
     def on_epoch_end(self) -> None:
@@ -233,7 +234,8 @@ class WindowPyDataset(keras.utils.PyDataset):
                                       delete_checkpoint=delete_checkpoint)
 
     def __repr__(self) -> str:
-        return (f"<windowkit.WindowPyDataset {str(self.plan.path)!r} split={self.plan.split!r} "
+        plan = self.plan
+        return (f"<windowkit.WindowPyDataset {str(plan.store.path)!r} split={plan.split!r} "
                 f"batches={len(self)} batch_size={self.batch_size} shuffle={self.shuffle} "
                 f"epoch={self._epoch}>")
 

@@ -18,8 +18,9 @@ import numpy as np
 from windowkit.errors import InvalidSpecError, StoreError, check_int
 from windowkit.formats import RowReader, StorageFormat, get_format
 from windowkit.formats.base import ReaderSetup
+from windowkit.guard import StoreGuard
 from windowkit.index import WindowRuns
-from windowkit.manifest import StoreGuard
+from windowkit.layout import RowLayout
 from windowkit.readers._gather import DEFAULT_CACHE_BYTES, WindowGather
 from windowkit.readers._order import block_first_positions
 from windowkit.readers._parts import BatchParts
@@ -28,16 +29,14 @@ from windowkit.stats import Normalizer
 
 
 @dataclass(frozen=True)
-class StoreRows:
-    """A store's rows and how to read them and cut windows from them (any split)."""
+class StoreAccess:
+    """A store opened for reading: its rows and how to read them, and what
+    cutting (and normalizing) windows from them needs, for any split."""
 
     path: Path  # where the store's files are (Manifest.data_root): the format's files
     format: str
     spec: WindowSpec
-    dtype: np.dtype
-    step_shape: tuple[int, ...]
-    total_rows: int
-    block_rows: int
+    layout: RowLayout
     data: dict[str, Any]  # the format's section of the manifest
     store_id: str
     statistics: dict[str, Any] | None  # training rows' per-column statistics
@@ -51,16 +50,10 @@ class StoreRows:
     def storage(self) -> StorageFormat:
         return get_format(self.format)
 
-    @property
-    def row_bytes(self) -> int:
-        return self.dtype.itemsize * int(np.prod(self.step_shape, dtype=np.int64))
-
     def reader_setup(self) -> ReaderSetup:
         """What a format's readers need besides the manifest's ``data`` section."""
-        return ReaderSetup(dtype=self.dtype, step_shape=self.step_shape,
-                           block_rows=self.block_rows, total_rows=self.total_rows,
-                           span=self.spec.span, check_store=self.guard.check,
-                           store_id=self.store_id)
+        return ReaderSetup(rows=self.layout, span=self.spec.span,
+                           check_store=self.guard.check, store_id=self.store_id)
 
     def row_reader(self) -> RowReader:
         """A new reader of the store's global rows (it opens files lazily)."""
@@ -68,8 +61,7 @@ class StoreRows:
 
     def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
         """A new gatherer with its own block cache of ``cache_bytes``."""
-        return WindowGather(self.row_reader(), spec=self.spec, total_rows=self.total_rows,
-                            step_shape=self.step_shape, dtype=self.dtype,
+        return WindowGather(self.row_reader(), self.layout, spec=self.spec,
                             cache_bytes=cache_bytes, targets=self.target_index)
 
     def normalizer(self) -> Normalizer:
@@ -77,7 +69,8 @@ class StoreRows:
         if self.statistics is None:
             raise StoreError(f"{self.path}: store has no normalization statistics (no "
                              "training rows, or values whose statistics overflow float64)")
-        return Normalizer(self.statistics, step_shape=self.step_shape, dtype=self.dtype)
+        return Normalizer(self.statistics, step_shape=self.layout.step_shape,
+                          dtype=self.layout.dtype)
 
     def target_normalizer(self) -> Normalizer:
         """The normalizer of the target columns."""
@@ -88,20 +81,30 @@ class StoreRows:
         return BatchParts(known=self.known_index,
                           series=bool(return_series) or self.static_values is not None,
                           static=self.static_values, static_stats=self.static_statistics,
-                          static_dtype="float64" if self.dtype == np.float64 else "float32")
+                          static_dtype="float64" if self.layout.dtype == np.float64
+                          else "float32")
 
 
 @dataclass(frozen=True)
-class ReadPlan(StoreRows):
-    """One split of a store, as its readers see it: the rows, and the split's
+class ReadPlan:
+    """One split of a store, as its readers see it: the store, and the split's
     windows (or, sharded, those of shard ``shard[0]`` of ``shard[1]``: its own
     storage blocks' windows, or with ``dealt``, its share of each epoch's
     uniform permutation of all the split's windows)."""
 
+    store: StoreAccess
     split: str
     runs: WindowRuns
     shard: tuple[int, int] = (0, 1)
     dealt: bool = False
+
+    @property
+    def spec(self) -> WindowSpec:
+        return self.store.spec
+
+    @property
+    def layout(self) -> RowLayout:
+        return self.store.layout
 
     @property
     def num_windows(self) -> int:
@@ -111,20 +114,16 @@ class ReadPlan(StoreRows):
         index, count = self.shard
         return max(0, -(-(self.runs.total - index) // count))
 
-    @property
-    def num_blocks(self) -> int:
-        return -(-self.total_rows // self.block_rows)
-
     def windows_per_block(self) -> np.ndarray:
         """How many of the plan's windows start in each storage block."""
-        return np.diff(block_first_positions(self.runs, block_rows=self.block_rows,
-                                             num_blocks=self.num_blocks))
+        return np.diff(block_first_positions(self.runs, block_rows=self.layout.block_rows,
+                                             num_blocks=self.layout.num_blocks))
 
     def rows_bytes(self) -> int:
         """Bytes of the rows the plan's windows need: the blocks where they start,
         each with its halo."""
         blocks = int(np.count_nonzero(self.windows_per_block()))
-        return blocks * (self.block_rows + self.spec.span - 1) * self.row_bytes
+        return blocks * (self.layout.block_rows + self.spec.span - 1) * self.layout.row_bytes
 
     def _check_shard(self, num_shards: int, shard_index: int) -> tuple[int, int]:
         num_shards = check_int("num_shards", num_shards, 1)
@@ -144,7 +143,7 @@ class ReadPlan(StoreRows):
         num_shards, shard_index = self._check_shard(num_shards, shard_index)
         if self.runs.total < num_shards:
             raise InvalidSpecError(
-                f"{self.path}: split {self.split!r} has {self.runs.total} windows, too few "
+                f"{self.store.path}: split {self.split!r} has {self.runs.total} windows, too few "
                 f"for {num_shards} shards (shard {shard_index} would hold none)")
         return replace(self, shard=(shard_index, num_shards), dealt=True)
 
@@ -163,9 +162,10 @@ class ReadPlan(StoreRows):
         mine = np.flatnonzero((owner == shard_index) & (counts > 0))
         if len(mine) == 0:
             raise InvalidSpecError(
-                f"{self.path}: split {self.split!r} has {np.count_nonzero(counts)} storage "
+                f"{self.store.path}: split {self.split!r} has {np.count_nonzero(counts)} storage "
                 f"blocks holding windows, too few for {num_shards} shards (shard "
                 f"{shard_index} would hold none)")
-        low = mine * self.block_rows
-        runs = self.runs.select_rows(low, np.minimum(low + self.block_rows, self.total_rows))
+        block_rows, total_rows = self.layout.block_rows, self.layout.total_rows
+        low = mine * block_rows
+        runs = self.runs.select_rows(low, np.minimum(low + block_rows, total_rows))
         return replace(self, runs=runs, shard=(shard_index, num_shards))

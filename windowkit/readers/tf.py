@@ -73,9 +73,9 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
 
     from windowkit.readers._carry import carried_batches
 
-    norm = plan.normalizer() if normalize else None
-    cutter = WindowCutter(plan.spec, norm, plan.target_index, parts)
-    empty_rows = tf.zeros([plan.spec.span, *plan.step_shape], tf.as_dtype(plan.dtype))
+    norm = plan.store.normalizer() if normalize else None
+    cutter = WindowCutter(plan.spec, norm, plan.store.target_index, parts)
+    empty_rows = tf.zeros([plan.spec.span, *plan.layout.step_shape], tf.as_dtype(plan.layout.dtype))
     ds = carried_batches(groups, cutter, batch_size=batch_size, drop_remainder=drop_remainder,
                          empty_rows=empty_rows, with_series=parts.series)
     ds = ds.apply(tf.data.experimental.assert_cardinality(
@@ -95,7 +95,7 @@ def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool | str, seed: in
     known-future columns) makes ``x`` a dict of parts."""
     from windowkit.readers._global import choose_shuffle
 
-    parts = plan.parts(return_series)
+    parts = plan.store.parts(return_series)
     choice = choose_shuffle(plan, shuffle, memory_budget=memory_budget,
                             cache_bytes=cache_bytes, shuffle_blocks=shuffle_blocks)
     if service is not None:

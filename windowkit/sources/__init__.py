@@ -16,10 +16,10 @@ from windowkit.sources._arrays import (
     source_files,
 )
 from windowkit.sources._pins import SourcePins, changed_rows, check_regular
+from windowkit.sources._staging import StagedSeries
+from windowkit.sources._table_schema import TableOptions
 from windowkit.sources._tables import (
     DEFAULT_SORT_MEMORY,
-    StagedSeries,
-    TableOptions,
     estimate_staged_bytes,
     is_table,
     stage_table,

@@ -128,8 +128,8 @@ class SourcePins:
                                          f"({_describe(before, after, remote)}){_CHANGED}")
 
 
-def changed_rows(where: str, shard: int) -> SourceChangedError:
+def changed_rows(where: str, part: int) -> SourceChangedError:
     """The error for a source whose rows read again differ from those written."""
     return SourceChangedError(f"{where}: the source changed during the conversion (the rows "
-                              f"of shard {shard} read again differ from those written)"
+                              f"of part {part} read again differ from those written)"
                               f"{_CHANGED}")

@@ -20,22 +20,16 @@ missed sample is a gap, a month of 30 days among months of 31 is not.
 
 from __future__ import annotations
 
-import bisect
 import errno
-import hashlib
-import itertools
 import logging
 import os
-from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from windowkit.errors import DiskSpaceError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
@@ -43,36 +37,20 @@ from windowkit.sources._datasets import TableFiles, dataset_batches, fingerprint
 from windowkit.sources._datasets import table_rows as dataset_rows
 from windowkit.sources._grouping import group_by_series, read_within
 from windowkit.sources._pins import check_regular
-from windowkit.sources._times import (
-    CLOCK_DIRECTIVES,
-    float_times,
-    parse_gap,
-    time_unit,
-    times_int64,
-)
+from windowkit.sources._row_locator import RowLocator
+from windowkit.sources._series_runs import NotInOrderError, SeriesRuns
+from windowkit.sources._staging import StagedSeries, StagingFiles
+from windowkit.sources._static_columns import StaticValues
+from windowkit.sources._table_schema import TableColumns, TableOptions, read_schema
+from windowkit.sources._table_values import FeatureValues
+from windowkit.sources._time_checks import SeriesTimes
+from windowkit.sources._times import step_and_segments
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
 _CSV_BLOCK_BYTES = 8 << 20
-_TIME_CHUNK = 1 << 20  # time differences examined at once
-_MISFIT = {True: "it overflows to infinity", False: "not a value of it"}
-_MAX_NAME = 256  # characters of a column name a store's manifest holds
 DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
-
-
-@dataclass(frozen=True)
-class TableOptions:
-    """How to read a table: which column names the series, which the time, and
-    which are features (default: every other column)."""
-
-    series_col: str | None = None
-    time_col: str | None = None
-    columns: tuple[str, ...] | None = None
-    max_gap: str | int | None = None
-    time_format: str | None = None  # strptime codes for a text time column
-    static_columns: tuple[str, ...] | None = None  # one value per series, not features
-    dtype: str | None = None  # the values' dtype (cast, checked), else the columns' own
 
 
 def _suffix(path: str) -> str:
@@ -91,432 +69,107 @@ def is_table(source: Any) -> bool:
         _suffix(os.fspath(source)) in TABLE_SUFFIXES)
 
 
-@dataclass
-class StagedSeries:
-    """One series of a staged table: rows in a raw file, read by memory map."""
-
-    key: str
-    where: str
-    path: str
-    first_row: int  # of this series in the staged file
-    rows: int
-    dtype: np.dtype
-    step_shape: tuple[int, ...]
-    source_id: str  # what the rows came from (the table's fingerprint)
-    features: tuple[str, ...] = ()
-    time_unit: str = ""  # "ns" (timestamps, UTC), "days" (dates), "" (integers)
-    time_zone: str | None = None
-    first_time: int | None = None
-    last_time: int | None = None
-    time_step: int | None = None
-    segments: list[tuple[int, int]] = field(default_factory=list)  # gap-free row ranges
-    times_path: str = ""
-    static: tuple[float, ...] = ()  # the series' static column values
-
-    def times(self) -> np.ndarray | None:
-        """The series' times (int64, memory-mapped), or None without a time column."""
-        if not self.times_path:
-            return None
-        return np.memmap(self.times_path, dtype="<i8", mode="r", offset=self.first_row * 8,
-                         shape=(self.rows,))
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        width = int(np.prod(self.step_shape, dtype=np.int64))
-        try:
-            rows = np.memmap(self.path, dtype=self.dtype, mode="r",
-                             offset=(self.first_row + start) * width * self.dtype.itemsize,
-                             shape=(stop - start, *self.step_shape))
-        except ValueError as exc:  # the staged file is shorter than the rows asked
-            raise SourceError(f"{self.where}: staged rows {start}..{stop} cannot be read "
-                              f"({exc})") from exc
-        return np.array(rows)
-
-
-def _first_null(column: pa.Array) -> int:
-    """The position of the column's first empty value."""
-    return int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-
-
-class NotInOrderError(SourceError):
-    """The rows of a series are not together in the table."""
-
-
 class _Stager:
-    """Streams record batches of one table into the staging files."""
+    """Streams record batches of one table into the staging files: checks the
+    schema (:mod:`._table_schema`), then cuts each batch into runs of one
+    series (:mod:`._series_runs`) and stages their values (:mod:`._table_values`),
+    times (:mod:`._time_checks`) and static values (:mod:`._static_columns`)
+    to the files of :mod:`._staging`."""
 
     def __init__(self, name: str, options: TableOptions, staging: Path, source_id: str,
                  allow_missing: bool = False, origin: np.ndarray | None = None,
-                 parts: list[tuple[int, str]] | None = None) -> None:
+                 parts: list[tuple[int, str]] | None = None,
+                 wide_key: str | None = None) -> None:
         self.name, self.options, self.source_id = name, options, source_id
-        self.parts = parts if parts is not None else []  # several files: first rows, paths
-        self.wide_key = Path(name).stem  # the key of the one series without a series column
         self.allow_missing = allow_missing  # empty values become NaN (nan="skip")
-        self.origin = origin  # table row of each staged row, when the table was sorted
+        # several files: first rows, paths; origin: table row of each staged row, if sorted
+        self.rows = RowLocator(name, parts if parts is not None else [], origin)
         # a DataFrame has no file to identify it: a digest of what is staged does
-        self.digest = hashlib.blake2b(digest_size=16) if not source_id else None
-        self.values_path = staging / "rows.bin"
-        self.values = open(self.values_path, "wb")  # noqa: SIM115 - closed by close()
-        self.times_path = staging / "times.bin"
-        self.times = open(self.times_path, "wb")  # noqa: SIM115 - closed by close()
-        self.features: list[str] = []
-        self.dtype: np.dtype | None = None
-        self.unit: str = ""
-        self.text_times = False  # a text time column, parsed with options.time_format
-        self.float_times = False  # a float time column: whole numbers only
-        self.tz: str | None = None
+        self.files = StagingFiles(staging, digest=not source_id)
+        self.runs = SeriesRuns(name, options, wide_key if wide_key is not None
+                               else Path(name).stem, self.rows)
+        self.static = StaticValues(list(options.static_columns or ()), self.rows)
+        self.columns: TableColumns | None = None  # known from the first batch's schema
+        self.values: FeatureValues | None = None
+        self.times: SeriesTimes | None = None
         self.series: list[StagedSeries] = []
-        self.seen: set[str] = set()
-        self.row = 0  # table rows consumed
         self.staged = 0  # rows written
         self.current: str | None = None
         self.current_first = 0
         self.current_rows = 0
-        self.last_time: int | None = None
-        self.static_names = list(options.static_columns or ())
-        self.current_static: np.ndarray | None = None
 
     def schema(self, schema: pa.Schema) -> None:
-        names = schema.names
-        opts = self.options
-        for label, column in (("series", opts.series_col), ("time", opts.time_col),
-                              *(("feature", c) for c in opts.columns or ()),
-                              *(("static", c) for c in self.static_names)):
-            if column is not None and column not in names:
-                raise SourceError(f"{self.name}: no {label} column {column!r} (columns: "
-                                  f"{', '.join(names)})")
-        self._check_static(schema)
-        skip = {opts.series_col, opts.time_col, *self.static_names}
-        self.features = list(opts.columns) if opts.columns else [
-            n for n in names if n not in skip]
-        self._check_names(names, {*skip, *self.features} - {None})
-        for label, chosen in (("--columns", self.features), ("--static-columns",
-                                                              self.static_names)):
-            repeated = sorted({c for c in chosen if chosen.count(c) > 1})
-            if repeated:
-                raise SourceError(f"{self.name}: {label} names {repeated[0]!r} more than "
-                                  "once; name each column once")
-        if not self.features:
-            raise SourceError(f"{self.name}: no feature columns")
-        kinds = []
-        for column in self.features:
-            kind = schema.field(column).type
-            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
-                    or pa.types.is_boolean(kind) or pa.types.is_null(kind)):
-                raise SourceError(f"{self.name}: column {column!r} is not numeric ({kind}); "
-                                  "pass the feature columns with --columns")
-            kinds.append(np.dtype(kind.to_pandas_dtype()) if not pa.types.is_null(kind)
-                         else np.dtype(np.float32))
-        self.dtype = np.result_type(*kinds)
-        if self.dtype.kind == "b":
-            self.dtype = np.dtype(np.uint8)
-        if opts.dtype is not None:
-            self.dtype = np.dtype(opts.dtype)
-        if opts.time_col is not None:
-            kind = schema.field(opts.time_col).type
-            self.text_times = pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
-                pa.types.is_integer(kind) and opts.time_format is not None)  # e.g. 20240131
-            self.float_times = pa.types.is_floating(kind) and not self.text_times
-            if not self.text_times:
-                self.unit, self.tz = time_unit(kind, f"{self.name}: time column "
-                                                     f"{opts.time_col!r}")
-            elif opts.time_format:  # text without a format is refused at its first value
-                clock = any(code in opts.time_format for code in CLOCK_DIRECTIVES)
-                self.unit = "ns" if clock else "days"
-
-    def _check_names(self, names: list[str], used: set[str | None]) -> None:
-        """The columns used must have a name, at most 256 characters, found once."""
-        hint = ", or choose the columns to use with --columns"
-        for position, name in enumerate(names):
-            if name not in used:
-                continue
-            if not name.strip():
-                raise SourceError(f"{self.name}: column {position} (counting from 0) has no "
-                                  f"name in the header: name it{hint}")
-            if len(name) > _MAX_NAME:
-                raise SourceError(f"{self.name}: column {position} has a name of {len(name)} "
-                                  f"characters, over {_MAX_NAME}: rename it{hint}")
-            if names.count(name) > 1:
-                raise SourceError(f"{self.name}: column name {name!r} appears "
-                                  f"{names.count(name)} times in the header; column names "
-                                  f"must be unique: rename one{hint}")
-
-    def _check_static(self, schema: pa.Schema) -> None:
-        """Static columns: numeric, and neither the series, time nor a feature column."""
-        opts = self.options
-        for column in self.static_names:
-            if column in (opts.series_col, opts.time_col) or column in (opts.columns or ()):
-                role = ("the series" if column == opts.series_col else "the time"
-                        if column == opts.time_col else "a feature")
-                raise SourceError(f"{self.name}: static column {column!r} is also {role} "
-                                  "column; a static column holds one value per series")
-            kind = schema.field(column).type
-            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
-                    or pa.types.is_boolean(kind)):
-                raise SourceError(f"{self.name}: static column {column!r} is not numeric "
-                                  f"({kind})")
-
-    def _static(self, batch: pa.RecordBatch, lo: int, hi: int, key: str) -> None:
-        """Check that rows ``lo..hi`` (one series) hold the series' static values."""
-        for k, column in enumerate(self.static_names):
-            part = batch.column(column).slice(lo, hi - lo)
-            if part.null_count:
-                name, at = self._row_at(self.row + lo + _first_null(part))
-                raise SourceError(f"{name}: series {key!r}, row {at}, static column "
-                                  f"{column!r} is empty")
-            values = part.cast(pa.float64()).to_numpy(zero_copy_only=False)
-            if not np.isfinite(values).all():
-                name, at = self._row_at(self.row + lo + int(np.flatnonzero(
-                    ~np.isfinite(values))[0]))
-                raise SourceError(f"{name}: series {key!r}, row {at}, static column "
-                                  f"{column!r} is NaN or infinite")
-            assert self.current_static is not None
-            if np.isnan(self.current_static[k]):
-                self.current_static[k] = values[0]
-            changed = np.flatnonzero(values != self.current_static[k])
-            if len(changed):
-                name, at = self._row_at(self.row + lo + int(changed[0]))
-                raise SourceError(
-                    f"{name}: series {key!r}, row {at}, static column {column!r}: "
-                    f"{values[changed[0]]:g} differs from the series' {self.current_static[k]:g}"
-                    "; a static column must hold one value per series")
+        self.columns = read_schema(self.name, self.options, schema)
+        self.values = FeatureValues(self.columns, self.options, self.allow_missing, self.rows)
+        if self.options.time_col is not None:
+            self.times = SeriesTimes(self.name, self.options.time_col, self.columns.time,
+                                     self.options.time_format, self.rows)
 
     def batch(self, batch: pa.RecordBatch) -> None:
         """Stage one record batch: its values, cut into runs of one series each."""
-        n = batch.num_rows
-        if n == 0:
+        if batch.num_rows == 0:
             return
-        values = self._values(batch)
-        keys, cuts = self._series_runs(batch)
-        times = self._times(batch)
-        for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [n]]), strict=True):
-            key = str(keys[lo]) if keys is not None else self.wide_key
+        assert self.values is not None
+        values = self.values.read(batch)
+        runs = self.runs.runs(batch)
+        times = self.times.read(batch) if self.times is not None else None
+        for key, lo, hi in runs:
             if key != self.current:
-                self._start(key, self.row + int(lo))
-            if self.static_names:
-                self._static(batch, int(lo), int(hi), key)
-            staged = [values[lo:hi].tobytes()]
+                self._start(key, self.rows.batch_start + lo)
+            if self.static.names:
+                self.static.check(batch, lo, hi, key)
+            run_times = None
             if times is not None:
-                self._check_times(times[lo:hi], self.row + int(lo))
-                staged.append(times[lo:hi].astype("<i8").tobytes())
-                self.times.write(staged[1])
-            self.values.write(staged[0])
-            if self.digest is not None:
-                for part in staged:
-                    self.digest.update(part)
-            self.current_rows += int(hi - lo)
-        self.row += n
-
-    def _values(self, batch: pa.RecordBatch) -> np.ndarray:
-        """The feature values ``[rows, features]``, checked: numeric, and empty
-        only where allowed (then NaN)."""
-        assert self.dtype is not None
-        columns = []
-        for name in self.features:
-            column = batch.column(name)
-            if column.null_count and not (self.allow_missing and self.dtype.kind == "f"):
-                at = _first_null(column)
-                hint = ("; --nan skip needs float feature columns" if self.allow_missing else
-                        "; missing values are not allowed (--nan skip keeps the rows and "
-                        "leaves out the windows touching them)")
-                where, row = self._row_at(self.row + at)
-                raise SourceError(f"{where}: {self._series_at(batch, at)}row {row}, "
-                                  f"column {name!r} is missing (empty or NaN){hint}")
-            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-                    or pa.types.is_boolean(column.type)):
-                where, row = self._row_at(self.row)
-                raise SourceError(f"{where}: column {name!r} is not numeric near row "
-                                  f"{row} ({column.type})")
-            if column.null_count:  # allowed: NaN, and the windows touching it are skipped
-                column = column.cast(pa.float64()).fill_null(np.nan)
-            columns.append(self._cast(column.to_numpy(zero_copy_only=False), name, batch))
-        return np.column_stack(columns).astype(self.dtype.newbyteorder("<"), copy=False)
-
-    def _cast(self, values: np.ndarray, column: str, batch: pa.RecordBatch) -> np.ndarray:
-        """A column's values in the ``dtype`` asked for, checked: a float value
-        that overflows to infinity, or one an integer dtype cannot hold, is an
-        error naming the column and row."""
-        if self.options.dtype is None or values.dtype == self.dtype:
-            return values
-        assert self.dtype is not None
-        with np.errstate(over="ignore", invalid="ignore"):
-            cast = values.astype(self.dtype)
-            wide = values.astype(np.float64)
-            if self.dtype.kind == "f":
-                bad = np.isinf(cast) & np.isfinite(wide)
-            else:
-                info = np.iinfo(self.dtype)
-                bad = ~np.isfinite(wide) | (wide != np.round(wide)) | (wide < info.min) | (
-                    wide > info.max)
-        if not bad.any():
-            return cast
-        at = int(np.flatnonzero(bad)[0])
-        where, row = self._row_at(self.row + at)
-        raise SourceError(f"{where}: {self._series_at(batch, at)}row {row}, column "
-                          f"{column!r}: {values[at].item()!r} does not fit --dtype {self.dtype} "
-                          f"({_MISFIT[self.dtype.kind == 'f']}); choose a wider --dtype")
-
-    def _series_runs(self, batch: pa.RecordBatch) -> tuple[np.ndarray | None, np.ndarray]:
-        """Each row's series key (None without a series column), and the rows
-        where the key changes."""
-        if self.options.series_col is None:
-            return None, np.empty(0, dtype=np.int64)
-        keys = batch.column(self.options.series_col).cast(pa.string())
-        if keys.null_count:
-            where, row = self._row_at(self.row + _first_null(keys))
-            raise SourceError(f"{where}: row {row}, series column "
-                              f"{self.options.series_col!r} is empty")
-        blank = pc.equal(pc.utf8_trim_whitespace(keys), "").to_numpy(zero_copy_only=False)
-        if blank.any():
-            where, at = self._row_at(self.row + int(np.flatnonzero(blank)[0]))
-            raise SourceError(f"{where}: row {at}, series column "
-                              f"{self.options.series_col!r} is empty; every row needs a "
-                              "series id")
-        values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
-        return values, np.flatnonzero(values[1:] != values[:-1]) + 1
-
-    def _times(self, batch: pa.RecordBatch) -> np.ndarray | None:
-        """The rows' times as int64 (None without a time column)."""
-        if self.options.time_col is None:
-            return None
-        column = batch.column(self.options.time_col)
-        if column.null_count:
-            where, row = self._row_at(self.row + _first_null(column))
-            raise SourceError(f"{where}: row {row}, time column {self.options.time_col!r} "
-                              "is empty")
-        if self.float_times:
-            return float_times(column, self._row_text, self.options.time_col)
-        if self.text_times:
-            column = self._parse_text_times(column)
-        return times_int64(column, self.unit)
-
-    def _parse_text_times(self, column: pa.Array) -> pa.Array:
-        """Text times parsed with ``--time-format`` (strptime codes) into timestamps."""
-        where = f"{self.name}: time column {self.options.time_col!r}"
-        time_format = self.options.time_format
-        if time_format is None:
-            raise SourceError(f"{where} holds text ({column[0].as_py()!r} first), not times; "
-                              "pass its format with --time-format, e.g. %Y/%m/%d or "
-                              "'%d.%m.%Y %H:%M'")
-        column = column.cast(pa.string())
-        parsed = pc.strptime(column, format=time_format, unit="ns", error_is_null=True)
-        if parsed.null_count:
-            at = int(np.flatnonzero(parsed.is_null().to_numpy(zero_copy_only=False))[0])
-            where, row = self._row_at(self.row + at)
-            raise SourceError(f"{where}: row {row}, time {column[at].as_py()!r} does not "
-                              f"match --time-format {time_format!r}")
-        return parsed
-
-    def _source_row(self, position: int) -> int:
-        """The table row (as the user counts, from 0) of staged ``position``."""
-        return position if self.origin is None else int(self.origin[position])
-
-    def _row_at(self, position: int) -> tuple[str, int]:
-        """The file and its row (from 0) of staged ``position``: for several
-        files, the one holding it; else the table and its row."""
-        row = self._source_row(position)
-        if not self.parts:
-            return self.name, row
-        first, path = self.parts[bisect.bisect_right([p[0] for p in self.parts], row) - 1]
-        return path, row - first
-
-    def _row_text(self, at: int) -> str:
-        """``file: row N`` of the current batch's row ``at``."""
-        where, row = self._row_at(self.row + at)
-        return f"{where}: row {row}"
-
-    def _series_at(self, batch: pa.RecordBatch, at: int) -> str:
-        if self.options.series_col is None:
-            return ""
-        return f"series {str(batch.column(self.options.series_col)[at].as_py())!r}, "
-
-    def _sort_hint(self) -> str:
-        keys = [repr(c) for c in (self.options.series_col, self.options.time_col) if c]
-        return f"sort the table by {' and '.join(keys)} first"
+                assert self.times is not None
+                self.times.check_increasing(times[lo:hi], self.rows.batch_start + lo, key)
+                run_times = times[lo:hi].astype("<i8").tobytes()
+            self.files.write(values[lo:hi].tobytes(), run_times)
+            self.current_rows += hi - lo
+        self.rows.batch_start += batch.num_rows
 
     def _start(self, key: str, row: int) -> None:
-        if key in self.seen:
-            where, at = self._row_at(row)
-            raise NotInOrderError(
-                f"{self.name}: rows of series {key!r} are not grouped together (it appears "
-                f"again at {'' if where == self.name else where + ', '}row {at}); "
-                f"{self._sort_hint()}")
+        self.runs.claim(key, row)
         self._finish()
-        self.seen.add(key)
-        if self.digest is not None:
-            self.digest.update(f"\0{key}\0".encode())
+        self.files.start_series(key)
         self.current, self.current_first, self.current_rows = key, self.staged, 0
-        self.last_time = None
-        self.current_static = np.full(len(self.static_names), np.nan)
-
-    def _check_times(self, times: np.ndarray, row: int) -> None:
-        previous = np.concatenate([[self.last_time], times[:-1]]) if self.last_time is not None \
-            else times[:-1]
-        current = times if self.last_time is not None else times[1:]
-        bad = np.flatnonzero(current <= previous)
-        if len(bad):
-            where, at = self._row_at(row + int(bad[0]) + (0 if self.last_time is not None
-                                                         else 1))
-            what = "repeats" if current[bad[0]] == previous[bad[0]] else "goes back from"
-            raise SourceError(
-                f"{where}: series {self.current!r}, row {at}: time {what} the previous "
-                f"row's; times must strictly increase within a series")
-        if len(times):
-            self.last_time = int(times[-1])
+        if self.times is not None:
+            self.times.start_series()
+        self.static.start_series()
 
     def _finish(self) -> None:
         if self.current is None:
             return
-        assert self.dtype is not None
+        assert self.columns is not None
+        time = self.columns.time
         series = StagedSeries(
             key=self.current, where=f"{self.name}: series {self.current!r}",
-            path=str(self.values_path), first_row=self.current_first, rows=self.current_rows,
-            dtype=self.dtype, step_shape=(len(self.features),), source_id=self.source_id,
-            features=tuple(self.features), time_unit=self.unit, time_zone=self.tz,
-            times_path=str(self.times_path) if self.options.time_col else "",
-            static=tuple(float(v) for v in self.current_static)
-            if self.current_static is not None else ())
+            path=str(self.files.values_path), first_row=self.current_first,
+            rows=self.current_rows, dtype=self.columns.dtype,
+            step_shape=(len(self.columns.features),), source_id=self.source_id,
+            features=self.columns.features, time_unit=time.unit, time_zone=time.zone,
+            times_path=str(self.files.times_path) if self.options.time_col else "",
+            static=self.static.values())
         if self.options.time_col is not None:
             self._timing(series)
         self.series.append(series)
         self.staged += self.current_rows
 
-    @staticmethod
-    def _time_chunks(times: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-        """Consecutive time differences, chunk by chunk, as ``(row of each chunk's
-        first later time, diffs)``; memory stays bounded."""
-        for lo in range(0, len(times) - 1, _TIME_CHUNK):
-            yield lo + 1, np.diff(np.asarray(times[lo:lo + _TIME_CHUNK + 1]))
-
     def _timing(self, series: StagedSeries) -> None:
-        """First/last time, the regular step (the most common difference) and the
-        gap-free stretches of rows, in two bounded passes over the staged times."""
-        self.times.flush()
+        """First/last time, the regular step and the gap-free stretches of rows."""
+        self.files.flush_times()
         times = series.times()
         assert times is not None
         series.first_time, series.last_time = int(times[0]), int(times[-1])
-        counts: Counter[int] = Counter()
-        for _, diffs in self._time_chunks(times):
-            steps, n = np.unique(diffs, return_counts=True)
-            counts.update(dict(zip(steps.tolist(), n.tolist(), strict=True)))
-        if not counts:
-            series.segments = [(0, series.rows)]
-            return
-        series.time_step = max(counts.items(), key=lambda item: (item[1], -item[0]))[0]
-        # calendar steps vary (months of 28-31 days, years of 365-366): a difference
-        # is a gap when a sample is missing, i.e. over 1.5 steps
-        gap = parse_gap(self.options.max_gap, self.unit) or series.time_step * 3 // 2
-        breaks = [first + int(i) for first, diffs in self._time_chunks(times)
-                  for i in np.flatnonzero(diffs > gap)]
-        bounds = [0, *breaks, series.rows]
-        series.segments = list(itertools.pairwise(bounds))
+        series.time_step, series.segments = step_and_segments(times, self.options.max_gap,
+                                                              series.time_unit)
 
     def close(self) -> list[StagedSeries]:
         self._finish()
-        self.values.close()
-        self.times.close()
-        if self.digest is not None:
+        self.files.close()
+        content_id = self.files.content_id(self.name)
+        if content_id is not None:
             for series in self.series:
-                series.source_id = f"{self.name}:{self.digest.hexdigest()}"
+                series.source_id = content_id
         return self.series
 
 
@@ -630,8 +283,7 @@ def _stage(batches: Iterable[pa.RecordBatch], stager: _Stager, name: str) -> lis
                 first = False
             stager.batch(batch)
     except BaseException as exc:
-        stager.values.close()
-        stager.times.close()
+        stager.files.close()
         translated = _staging_error(exc, name, stager)
         if translated is None:
             raise
@@ -651,12 +303,13 @@ def _staging_error(exc: BaseException, name: str, stager: _Stager) -> WindowkitE
                            f"{_UTF8_HINT}")
     if isinstance(exc, pa.ArrowInvalid):  # a value pyarrow cannot convert
         message = str(exc).splitlines()[0]
-        return SourceError(f"{name}: cannot read the table near row {stager.row} ({message})"
+        return SourceError(f"{name}: cannot read the table near row "
+                           f"{stager.rows.batch_start} ({message})"
                            f"{_UTF8_HINT if 'UTF8' in message else ''}")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-        return DiskSpaceError(f"{exc.filename or stager.values_path.parent}: {exc.strerror} "
-                              f"while staging the rows of {name}; make room and run the same "
-                              "command again")
+        return DiskSpaceError(f"{exc.filename or stager.files.values_path.parent}: "
+                              f"{exc.strerror} while staging the rows of {name}; make room "
+                              "and run the same command again")
     return None
 
 
@@ -679,10 +332,9 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
     parts: list[tuple[int, str]] = []
 
     def stager(origin: np.ndarray | None = None) -> _Stager:
-        staged = _Stager(name, options, staging, source_id, allow_missing, origin, parts)
-        if isinstance(source, TableFiles):
-            staged.wide_key = source.key
-        return staged
+        wide_key = source.key if isinstance(source, TableFiles) else None
+        return _Stager(name, options, staging, source_id, allow_missing, origin, parts,
+                       wide_key)
 
     try:
         return _stage(_batches(source, name, needed, parts), stager(), name)

@@ -1,4 +1,4 @@
-"""Time columns of tables: their units, parsing text times, split points and gaps.
+"""Time columns of tables: their units, parsing text times, split points, steps and gaps.
 
 Integer, date and timestamp columns are kept as int64: days for dates,
 nanoseconds since the epoch (UTC) for timestamps, the numbers themselves for
@@ -7,15 +7,20 @@ integers. Text times are parsed with strptime codes (``--time-format``).
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from windowkit.errors import InvalidSpecError, SourceError
 
 _DAY_NS = 86400 * 10**9
+_TIME_CHUNK = 1 << 20  # time differences examined at once
 #: strptime codes of a time of day: a format with one parses to timestamps, else dates
 CLOCK_DIRECTIVES = ("%H", "%I", "%M", "%S", "%f", "%p", "%z", "%T", "%R", "%c")
 
@@ -98,6 +103,47 @@ def time_unit(kind: pa.DataType, where: str = "time column") -> tuple[str, str |
                       "(text times need --time-format)")
 
 
+@dataclass(frozen=True)
+class TimeKind:
+    """How a time column's values become int64 times."""
+
+    unit: str = ""  # "ns" (timestamps, UTC), "days" (dates), "" (plain numbers)
+    zone: str | None = None
+    text: bool = False  # text (or integers with a format), parsed with --time-format
+    floats: bool = False  # floats: whole numbers only
+
+
+def time_kind(kind: pa.DataType, time_format: str | None, where: str) -> TimeKind:
+    """The :class:`TimeKind` of a time column of type ``kind``; text needs
+    ``time_format``, whose codes say whether it holds dates or timestamps."""
+    text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
+        pa.types.is_integer(kind) and time_format is not None)  # e.g. 20240131
+    if not text:
+        unit, zone = time_unit(kind, where)
+        return TimeKind(unit, zone, floats=pa.types.is_floating(kind))
+    if time_format:  # text without a format is refused at its first value
+        clock = any(code in time_format for code in CLOCK_DIRECTIVES)
+        return TimeKind("ns" if clock else "days", text=True)
+    return TimeKind(text=True)
+
+
+def parse_text_times(column: pa.Array, time_format: str | None, where: str,
+                     row_text: Callable[[int], str]) -> pa.Array:
+    """Text times parsed with ``--time-format`` (strptime codes) into timestamps;
+    a value that does not match is an error naming ``row_text(row)``."""
+    if time_format is None:
+        raise SourceError(f"{where} holds text ({column[0].as_py()!r} first), not times; "
+                          "pass its format with --time-format, e.g. %Y/%m/%d or "
+                          "'%d.%m.%Y %H:%M'")
+    column = column.cast(pa.string())
+    parsed = pc.strptime(column, format=time_format, unit="ns", error_is_null=True)
+    if parsed.null_count:
+        at = int(np.flatnonzero(parsed.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SourceError(f"{row_text(at)}, time {column[at].as_py()!r} does not "
+                          f"match --time-format {time_format!r}")
+    return parsed
+
+
 def float_times(column: pa.Array, where: Callable[[int], str], name: str | None) -> np.ndarray:
     """A float time column's values as int64: whole numbers (``1700.0``, as
     many exports write years) are taken as integers; anything else is an error
@@ -123,3 +169,29 @@ def times_int64(column: pa.Array, unit: str) -> np.ndarray:
         return column.cast(pa.date32()).cast(pa.int32()).to_numpy(
             zero_copy_only=False).astype(np.int64)
     return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def _time_chunks(times: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """Consecutive time differences, chunk by chunk, as ``(row of each chunk's
+    first later time, diffs)``; memory stays bounded."""
+    for lo in range(0, len(times) - 1, _TIME_CHUNK):
+        yield lo + 1, np.diff(np.asarray(times[lo:lo + _TIME_CHUNK + 1]))
+
+
+def step_and_segments(times: np.ndarray, max_gap: str | int | None,
+                      unit: str) -> tuple[int | None, list[tuple[int, int]]]:
+    """A series' regular step (the most common difference; None for one time)
+    and its gap-free stretches of rows, in two bounded passes over ``times``."""
+    counts: Counter[int] = Counter()
+    for _, diffs in _time_chunks(times):
+        steps, n = np.unique(diffs, return_counts=True)
+        counts.update(dict(zip(steps.tolist(), n.tolist(), strict=True)))
+    if not counts:
+        return None, [(0, len(times))]
+    step = max(counts.items(), key=lambda item: (item[1], -item[0]))[0]
+    # calendar steps vary (months of 28-31 days, years of 365-366): a difference
+    # is a gap when a sample is missing, i.e. over 1.5 steps
+    gap = parse_gap(max_gap, unit) or step * 3 // 2
+    breaks = [first + int(i) for first, diffs in _time_chunks(times)
+              for i in np.flatnonzero(diffs > gap)]
+    return step, list(itertools.pairwise([0, *breaks, len(times)]))

@@ -1,15 +1,15 @@
-"""Plan a store's rows as independent shards and write them, in parallel if asked.
+"""Plan a store's rows as independent parts and write them, in parallel if asked.
 
-A shard is a run of whole storage blocks of the global rows. Shards share no
+A part is a run of whole storage blocks of the global rows. Parts share no
 block, so they can be written in any order by any process (and later by a
-cluster). Each shard reads its own rows from the sources, checks them, updates
+cluster). Each part reads its own rows from the sources, checks them, updates
 its own column statistics and hands them to the format as pieces: the rows of
-one series inside one block. Statistics are merged in shard order, so the
+one series inside one block. Statistics are merged in part order, so the
 result does not depend on the number of workers.
 
 Worker processes end with the conversion: the kernel kills them when the main
 process dies (Linux: ``PR_SET_PDEATHSIG``; elsewhere a watchdog thread), each
-checks its parent before writing a shard, and a failure or an interruption in
+checks its parent before writing a part, and a failure or an interruption in
 the main process terminates them before it returns, so nothing writes into the
 workspace after the conversion has stopped.
 """
@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from windowkit.conversion._files import fsync
 from windowkit.conversion._remote import upload_files
-from windowkit.conversion._workspace import fsync
 from windowkit.errors import DiskSpaceError, OutOfMemoryError
 from windowkit.formats import DataLayout, get_format
-from windowkit.formats.base import Piece, ShardTask
+from windowkit.formats.base import PartTask, Piece
 from windowkit.location import AnyPath
 from windowkit.manifest import FileEntry
 from windowkit.sources import Series, check_finite
@@ -67,20 +67,20 @@ class SeriesLayout:
         return int(block_cuts + np.count_nonzero(offsets % block_rows))
 
 
-def plan_shards(layout: DataLayout, series: SeriesLayout, *, shard_bytes: int,
-                shards: int | None) -> list[ShardTask]:
-    """Cut the global rows into shards of whole blocks: ``shards`` of them, or as
-    many as needed for about ``shard_bytes`` each, spread evenly."""
-    num_blocks = -(-layout.total_rows // layout.block_rows)
-    if shards is None:
-        block_bytes = layout.block_rows * layout.row_bytes
-        shards = -(-num_blocks * block_bytes // max(1, shard_bytes))
-    count = int(min(max(1, shards), num_blocks))
-    bounds = np.arange(count + 1, dtype=np.int64) * num_blocks // count * layout.block_rows
-    bounds[-1] = layout.total_rows
+def plan_parts(layout: DataLayout, series: SeriesLayout, *, part_bytes: int,
+               parts: int | None) -> list[PartTask]:
+    """Cut the global rows into parts of whole blocks: ``parts`` of them, or as
+    many as needed for about ``part_bytes`` each, spread evenly."""
+    num_blocks = -(-layout.rows.total_rows // layout.rows.block_rows)
+    if parts is None:
+        block_bytes = layout.rows.block_rows * layout.rows.row_bytes
+        parts = -(-num_blocks * block_bytes // max(1, part_bytes))
+    count = int(min(max(1, parts), num_blocks))
+    bounds = np.arange(count + 1, dtype=np.int64) * num_blocks // count * layout.rows.block_rows
+    bounds[-1] = layout.rows.total_rows
     return [
-        ShardTask(number=i, count=count, first_row=int(lo), rows=int(hi - lo),
-                  first_piece=series.pieces_before(int(lo), layout.block_rows))
+        PartTask(number=i, count=count, first_row=int(lo), rows=int(hi - lo),
+                  first_piece=series.pieces_before(int(lo), layout.rows.block_rows))
         for i, (lo, hi) in enumerate(itertools.pairwise(bounds.tolist()))
     ]
 
@@ -98,11 +98,11 @@ def true_runs(mask: np.ndarray) -> np.ndarray:
     return edges.reshape(-1, 2).astype(np.int64)
 
 
-def _source_extent(layout: DataLayout, shard: ShardTask) -> tuple[int, int]:
-    """The global rows a shard is made from: its own, and the halo rows after them
+def _source_extent(layout: DataLayout, part: PartTask) -> tuple[int, int]:
+    """The global rows a part is made from: its own, and the halo rows after them
     that a format may copy (TFRecord)."""
-    stop = shard.first_row + shard.rows
-    return shard.first_row, min(layout.total_rows, stop + layout.window.span - 1)
+    stop = part.first_row + part.rows
+    return part.first_row, min(layout.rows.total_rows, stop + layout.window.span - 1)
 
 
 def _read_global(sources: list[Series], series: SeriesLayout, start: int, stop: int,
@@ -119,29 +119,29 @@ def _read_global(sources: list[Series], series: SeriesLayout, start: int, stop: 
 
 
 def source_digest(sources: list[Series], series: SeriesLayout, layout: DataLayout,
-                  shard: ShardTask) -> str:
-    """A digest of the source rows a shard is made from (read again, in blocks)."""
+                  part: PartTask) -> str:
+    """A digest of the source rows a part is made from (read again, in blocks)."""
     digest = xxhash.xxh3_128()
-    for rows in _read_global(sources, series, *_source_extent(layout, shard),
-                             chunk_rows=layout.block_rows):
+    for rows in _read_global(sources, series, *_source_extent(layout, part),
+                             chunk_rows=layout.rows.block_rows):
         digest.update(np.ascontiguousarray(rows).data)
     return digest.hexdigest()
 
 
 def iter_pieces(sources: list[Series], series: SeriesLayout, layout: DataLayout,
-                shard: ShardTask, stats: RunningStats,
+                part: PartTask, stats: RunningStats,
                 on_rows: Callable[[int], None] | None = None,
                 missing: list[np.ndarray] | None = None,
                 digest: Any = None) -> Iterator[Piece]:
-    """The shard's rows, read from the sources piece by piece. Rows holding NaN
+    """The part's rows, read from the sources piece by piece. Rows holding NaN
     or infinity are an error, or with a ``missing`` list they are kept, left
     out of the statistics and appended to it as runs of global rows. ``digest``
     (an xxhash object) sees every row read."""
-    position, stop, number = shard.first_row, shard.first_row + shard.rows, shard.first_piece
+    position, stop, number = part.first_row, part.first_row + part.rows, part.first_piece
     while position < stop:
         sid = int(np.searchsorted(series.row_offset, position, side="right")) - 1
         series_end = int(series.row_offset[sid] + series.rows[sid])
-        block_end = (position // layout.block_rows + 1) * layout.block_rows
+        block_end = (position // layout.rows.block_rows + 1) * layout.rows.block_rows
         end = min(stop, block_end, series_end)
         local = position - int(series.row_offset[sid])
         rows = sources[sid].read(local, local + end - position)
@@ -168,33 +168,33 @@ def iter_pieces(sources: list[Series], series: SeriesLayout, layout: DataLayout,
 
 
 @dataclass
-class ShardResult:
+class PartResult:
     summary: dict[str, Any]
     stats: RunningStats
     rows: int
-    files: list[FileEntry]  # the shard's data files, on disk (fsynced), with checksums
-    source_digest: str  # of the source rows the shard was made from (see source_digest)
+    files: list[FileEntry]  # the part's data files, on disk (fsynced), with checksums
+    source_digest: str  # of the source rows the part was made from (see source_digest)
     # runs (start, stop) of global rows holding NaN or infinity, kept with nan="skip"
     missing: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
 
     def to_marker(self) -> dict[str, Any]:
-        """A JSON-able record of the finished shard (exact: statistics included)."""
+        """A JSON-able record of the finished part (exact: statistics included)."""
         return {"summary": self.summary, "stats": self.stats.state(), "rows": self.rows,
                 "files": [f.model_dump() for f in self.files],
                 "source_digest": self.source_digest, "missing": self.missing.tolist()}
 
     @classmethod
-    def from_marker(cls, marker: dict[str, Any]) -> ShardResult:
+    def from_marker(cls, marker: dict[str, Any]) -> PartResult:
         missing = np.asarray(marker.get("missing") or [], dtype=np.int64).reshape(-1, 2)
         return cls(marker["summary"], RunningStats.from_state(marker["stats"]),
                    int(marker["rows"]), [FileEntry(**f) for f in marker["files"]],
                    str(marker.get("source_digest", "")), missing)
 
 
-def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
-                data_dir: Path, layout: DataLayout, shard: ShardTask,
-                on_rows: Callable[[int], None] | None = None,
-                skip_missing: bool = False) -> ShardResult:
+def write_part(sources: list[Series], series: SeriesLayout, format_name: str,
+               data_dir: Path, layout: DataLayout, part: PartTask,
+               on_rows: Callable[[int], None] | None = None,
+               skip_missing: bool = False) -> PartResult:
     stats = RunningStats()
     missing: list[np.ndarray] | None = [] if skip_missing else None
     digest = xxhash.xxh3_128()
@@ -203,44 +203,44 @@ def write_shard(sources: list[Series], series: SeriesLayout, format_name: str,
         return sources[sid].read(start, stop)
 
     storage = get_format(format_name)
-    pieces = iter_pieces(sources, series, layout, shard, stats, on_rows, missing, digest)
+    pieces = iter_pieces(sources, series, layout, part, stats, on_rows, missing, digest)
     try:
-        summary = storage.write_shard(data_dir, layout, shard, pieces, read_series)
+        summary = storage.write_part(data_dir, layout, part, pieces, read_series)
     except OSError as exc:
         if exc.errno not in _NO_SPACE:
             raise
-        names = ", ".join(str(data_dir / n) for n in storage.shard_files(data_dir, layout,
-                                                                          shard))
+        names = ", ".join(str(data_dir / n)
+                          for n in storage.part_files(data_dir, layout, part))
         raise DiskSpaceError(f"{exc.filename or names}: {exc.strerror or exc} while writing "
-                             f"shard {shard.number}; the finished shards are kept: make room "
+                             f"part {part.number}; the finished parts are kept: make room "
                              "and run the same command again to resume") from None
-    first, last = _source_extent(layout, shard)  # then the rows after it (halos)
-    for rows in _read_global(sources, series, first + shard.rows, last,
-                             chunk_rows=layout.block_rows):
+    first, last = _source_extent(layout, part)  # then the rows after it (halos)
+    for rows in _read_global(sources, series, first + part.rows, last,
+                             chunk_rows=layout.rows.block_rows):
         digest.update(np.ascontiguousarray(rows).data)
     root = data_dir.parent
     files = []
-    for name in storage.shard_files(data_dir, layout, shard):
+    for name in storage.part_files(data_dir, layout, part):
         fsync(data_dir / name)
         files.append(FileEntry.of(root, str((data_dir / name).relative_to(root))))
     runs = np.concatenate(missing) if missing else np.empty((0, 2), dtype=np.int64)
-    return ShardResult(summary, stats, shard.rows, files, digest.hexdigest(), runs)
+    return PartResult(summary, stats, part.rows, files, digest.hexdigest(), runs)
 
 
-def write_shard_and_upload(sources: list[Series], series: SeriesLayout, format_name: str,
-                           layout: DataLayout, shard: ShardTask, skip_missing: bool,
-                           upload_to: AnyPath) -> ShardResult:
-    """Write a shard into a temporary directory, then upload its files under
+def write_part_and_upload(sources: list[Series], series: SeriesLayout, format_name: str,
+                          layout: DataLayout, part: PartTask, skip_missing: bool,
+                          upload_to: AnyPath) -> PartResult:
+    """Write a part into a temporary directory, then upload its files under
     ``upload_to`` (a URL prefix standing for the store's root): what a worker
-    does for a store on object storage. Idempotent: the same shard uploads the
+    does for a store on object storage. Idempotent: the same part uploads the
     same bytes."""
     storage = get_format(format_name)
-    with tempfile.TemporaryDirectory(prefix="windowkit-shard-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="windowkit-part-") as scratch:
         data_dir = Path(scratch) / "data"
         data_dir.mkdir()
-        storage.prepare(data_dir, layout, shard.count)  # the format's empty store
-        result = write_shard(sources, series, format_name, data_dir, layout, shard,
-                             skip_missing=skip_missing)
+        storage.prepare(data_dir, layout, part.count)  # the format's empty store
+        result = write_part(sources, series, format_name, data_dir, layout, part,
+                            skip_missing=skip_missing)
         upload_files(Path(scratch), [f.path for f in result.files], upload_to)
     return result
 
@@ -285,29 +285,29 @@ def _watch_parent() -> None:
         time.sleep(0.2)
 
 
-def _write_shard_to(sources: list[Series], series: SeriesLayout, format_name: str,
-                    data_dir: Path, layout: DataLayout, shard: ShardTask, skip_missing: bool,
-                    upload_to: AnyPath | None,
-                    on_rows: Callable[[int], None] | None = None) -> ShardResult:
-    """A shard written into ``data_dir``, or with ``upload_to`` where it runs and
+def _write_part_to(sources: list[Series], series: SeriesLayout, format_name: str,
+                   data_dir: Path, layout: DataLayout, part: PartTask, skip_missing: bool,
+                   upload_to: AnyPath | None,
+                   on_rows: Callable[[int], None] | None = None) -> PartResult:
+    """A part written into ``data_dir``, or with ``upload_to`` where it runs and
     uploaded there."""
     if upload_to is None:
-        return write_shard(sources, series, format_name, data_dir, layout, shard, on_rows,
-                           skip_missing)
-    result = write_shard_and_upload(sources, series, format_name, layout, shard,
-                                    skip_missing, upload_to)
+        return write_part(sources, series, format_name, data_dir, layout, part, on_rows,
+                          skip_missing)
+    result = write_part_and_upload(sources, series, format_name, layout, part,
+                                   skip_missing, upload_to)
     if on_rows is not None:
         on_rows(result.rows)
     return result
 
 
-def _write_shard_in_worker(*args: Any) -> ShardResult:
+def _write_part_in_worker(*args: Any) -> PartResult:
     _check_parent()  # never write for a conversion that has ended
-    return _write_shard_to(_worker_sources, *args)
+    return _write_part_to(_worker_sources, *args)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Stop the pool's workers now (not after their current shards) and wait
+    """Stop the pool's workers now (not after their current parts) and wait
     for them: after a failure or an interruption nothing writes any more."""
     workers = list((getattr(pool, "_processes", None) or {}).values())
     for process in workers:
@@ -318,27 +318,27 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout: DataLayout,
-                 shards: list[ShardTask], *, workers: int, on_rows: Callable[[int], None],
-                 finished: dict[int, ShardResult] | None = None,
-                 on_finished: Callable[[int, ShardResult], None] | None = None,
-                 train_ranges: np.ndarray | None = None,
-                 skip_missing: bool = False, dask: Any = None,
-                 upload_to: AnyPath | None = None) -> list[ShardResult]:
-    """Write every shard not already ``finished`` (``workers`` processes; 1 = in
+def write_parts(sources: list[Series], format_name: str, data_dir: Path, layout: DataLayout,
+                parts: list[PartTask], *, workers: int, on_rows: Callable[[int], None],
+                finished: dict[int, PartResult] | None = None,
+                on_finished: Callable[[int, PartResult], None] | None = None,
+                train_ranges: np.ndarray | None = None,
+                skip_missing: bool = False, dask: Any = None,
+                upload_to: AnyPath | None = None) -> list[PartResult]:
+    """Write every part not already ``finished`` (``workers`` processes; 1 = in
     this process; or tasks on the Dask cluster ``dask``), calling
-    ``on_finished`` as each completes; return all the shards' results in shard
+    ``on_finished`` as each completes; return all the parts' results in part
     order. ``skip_missing`` keeps rows holding NaN or infinity (and reports
     them) instead of refusing them. With ``upload_to`` (a URL prefix), each
-    shard is written in a scratch directory where it runs and uploaded there."""
+    part is written in a scratch directory where it runs and uploaded there."""
     placement = SeriesLayout.of(sources)
     series = SeriesLayout(placement.rows, placement.row_offset, train_ranges)
-    results: dict[int, ShardResult] = dict(finished or {})
-    todo = [shard for shard in shards if shard.number not in results]
+    results: dict[int, PartResult] = dict(finished or {})
+    todo = [part for part in parts if part.number not in results]
     for number in results:
         on_rows(results[number].rows)
 
-    def record(number: int, result: ShardResult) -> None:
+    def record(number: int, result: PartResult) -> None:
         results[number] = result
         if on_finished is not None:
             on_finished(number, result)
@@ -346,29 +346,29 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
     if dask is not None:
         from windowkit.conversion._dask import dask_client, run_on_dask
 
-        def done(number: int, result: ShardResult) -> None:
+        def done(number: int, result: PartResult) -> None:
             on_rows(result.rows)
             record(number, result)
 
         with dask_client(dask) as client:
-            run_on_dask(client, _write_shard_to, [
-                (shard.number, (sources, series, format_name, data_dir, layout, shard,
-                                skip_missing, upload_to)) for shard in todo], done)
+            run_on_dask(client, _write_part_to, [
+                (part.number, (sources, series, format_name, data_dir, layout, part,
+                               skip_missing, upload_to)) for part in todo], done)
     elif workers <= 1 or len(todo) <= 1:
-        for shard in todo:
-            record(shard.number, _write_shard_to(sources, series, format_name, data_dir,
-                                                 layout, shard, skip_missing, upload_to,
-                                                 on_rows))
+        for part in todo:
+            record(part.number, _write_part_to(sources, series, format_name, data_dir,
+                                               layout, part, skip_missing, upload_to,
+                                               on_rows))
     else:
         # spawn, not fork: the caller may have started TensorFlow's threads
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(workers, len(shards)), mp_context=context,
+        with ProcessPoolExecutor(min(workers, len(parts)), mp_context=context,
                                  initializer=_init_worker,
                                  initargs=(sources, os.getpid())) as pool:
             try:
-                futures = {pool.submit(_write_shard_in_worker, series, format_name, data_dir,
-                                       layout, shard, skip_missing, upload_to): shard.number
-                           for shard in todo}
+                futures = {pool.submit(_write_part_in_worker, series, format_name, data_dir,
+                                       layout, part, skip_missing, upload_to): part.number
+                           for part in todo}
                 for future in as_completed(futures):
                     result = future.result()  # the first failure raises here
                     on_rows(result.rows)
@@ -376,17 +376,17 @@ def write_shards(sources: list[Series], format_name: str, data_dir: Path, layout
             except BrokenProcessPool:
                 _stop_workers(pool)
                 raise OutOfMemoryError("a worker process died (killed by the system, most likely "
-                                 "out of memory); the finished shards are kept: run the same "
+                                 "out of memory); the finished parts are kept: run the same "
                                  "command again with fewer --workers or a smaller "
-                                 "--shard-size") from None
+                                 "--part-size") from None
             except BaseException:
                 _stop_workers(pool)
                 raise
-    return [results[shard.number] for shard in shards]
+    return [results[part.number] for part in parts]
 
 
-def merged_stats(results: list[ShardResult]) -> RunningStats:
-    """The shards' column statistics merged in shard order (deterministic)."""
+def merged_stats(results: list[PartResult]) -> RunningStats:
+    """The parts' column statistics merged in part order (deterministic)."""
     stats = RunningStats()
     for result in results:
         stats.merge(result.stats)

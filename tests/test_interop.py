@@ -1,0 +1,119 @@
+"""The conventions a Python (and Zarr) user expects of a package: ``python -m
+windowkit``, a ``py.typed`` marker, a quiet library logger, and a Zarr array
+whose axes are named so that xarray and xbatcher can open it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.core.metadata import ArrayV3Metadata
+
+import windowkit as wk
+from windowkit.formats.zarr_rows import dimension_names
+from windowkit.verify import verify_store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_python_dash_m_runs_the_command_line() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "windowkit", "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Usage: windowkit" in done.stdout
+    for command in ("convert", "inspect", "verify", "bench"):
+        assert command in done.stdout
+
+
+def test_the_package_logger_has_a_null_handler() -> None:
+    handlers = logging.getLogger("windowkit").handlers
+    assert any(isinstance(h, logging.NullHandler) for h in handlers), handlers
+
+
+def test_the_package_is_marked_typed() -> None:
+    assert (Path(wk.__file__).parent / "py.typed").is_file()
+
+
+@pytest.mark.parametrize("step, names", [
+    ((), ("row",)),
+    ((3,), ("row", "feature")),
+    ((2, 3, 2), ("row", "step_dim_0", "step_dim_1", "step_dim_2")),
+])
+def test_the_zarr_array_names_its_dimensions(tmp_path: Path, step: tuple[int, ...],
+                                             names: tuple[str, ...]) -> None:
+    values = np.arange(40 * int(np.prod(step, dtype=np.int64)), dtype=np.float32).reshape(
+        40, *step)
+    store = wk.convert(values, tmp_path / "store", format="zarr", window=8, horizon=2)
+    assert dimension_names(step) == names
+    metadata = zarr.open_array(store=str(store.path / "data"), mode="r").metadata
+    assert isinstance(metadata, ArrayV3Metadata)
+    assert metadata.dimension_names == names
+    np.testing.assert_array_equal(zarr.open_array(store=str(store.path / "data"), mode="r")[:],
+                                  values)
+    # the store still reads and verifies (windowkit's metadata checks accept the names)
+    x, _ = store.windows("train", np.arange(store.num_windows("train")))
+    np.testing.assert_array_equal(x[0], values[:8])
+    assert verify_store(store.path) == []
+
+
+def test_a_store_without_dimension_names_still_reads(tmp_path: Path) -> None:
+    """An earlier release wrote no ``dimension_names``: such a store opens and reads."""
+    values = np.arange(60, dtype=np.float32).reshape(30, 2)
+    store = wk.convert(values, tmp_path / "store", format="zarr", window=4)
+    x_new = store.windows("train", np.arange(store.num_windows("train")))
+    meta = store.path / "data" / "zarr.json"
+    text = meta.read_text()
+    assert '"dimension_names"' in text
+    doc = json.loads(text)
+    del doc["dimension_names"]
+    # zarr.json is listed in the manifest with its size and sha256: rewrite both, as the
+    # earlier release's manifest had them
+    old = json.dumps(doc, indent=2)
+    meta.write_text(old)
+    manifest_path = store.path / "windowkit.json"
+    manifest = json.loads(manifest_path.read_text())
+    _relist(manifest, "data/zarr.json", old.encode())
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    metadata = zarr.open_array(store=str(store.path / "data"), mode="r").metadata
+    assert isinstance(metadata, ArrayV3Metadata) and metadata.dimension_names is None
+    again = wk.open_store(store.path)
+    x_old = again.windows("train", np.arange(again.num_windows("train")))
+    np.testing.assert_array_equal(x_old, x_new)
+    assert verify_store(store.path) == []
+
+
+def _relist(manifest: dict[str, Any], name: str, blob: bytes) -> None:
+    """Set ``name``'s size and sha256 in the manifest's file list to ``blob``'s."""
+    (entry,) = [f for f in manifest["files"] if f["path"] == name]
+    entry.update(bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest())
+
+
+def test_xarray_opens_the_zarr_array(tmp_path: Path) -> None:
+    """xarray names the axes from ``dimension_names``. It opens groups, not a bare
+    array (``data/`` is one): a group that holds the store's array (a link, the
+    rows stay where they are) opens with both ``open_zarr`` and ``open_dataset``."""
+    xr = pytest.importorskip("xarray")
+    values = np.arange(80, dtype=np.float32).reshape(40, 2)
+    store = wk.convert(values, tmp_path / "store", format="zarr", window=8)
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "zarr.json").write_text(json.dumps(
+        {"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    (view / "rows").symlink_to(store.path / "data", target_is_directory=True)
+    lazy = xr.open_zarr(view, consolidated=False, zarr_format=3)
+    assert lazy["rows"].dims == ("row", "feature")
+    np.testing.assert_array_equal(lazy["rows"].values, values)
+    ds = xr.open_dataset(view, engine="zarr", consolidated=False, zarr_format=3)
+    assert ds["rows"].dims == ("row", "feature")
+    np.testing.assert_array_equal(ds["rows"].values, values)
