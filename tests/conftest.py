@@ -1,4 +1,11 @@
-"""Shared fixtures: the NumPy window oracle and the format parametrization."""
+"""Shared fixtures: the NumPy window oracle, the format parametrization and the
+one format that concept tests run on.
+
+Two kinds of tests: *format contracts* (tests/format_contract.py, ``FormatTests``)
+pin down how a format writes, reads and verifies bytes and run once per format
+(tests/test_format_<name>.py); *concept tests* (splits, tables, forecasting,
+shuffling, sharding, ...) run on ``concept_format`` only, unless a test exercises
+something that differs per format (then it takes ``fmt`` and says why)."""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +32,48 @@ settings.load_profile("windowkit")
 IMPLEMENTED_FORMATS = sorted(wk.FORMATS)
 
 
+#: The one format concept tests run on: their behaviour does not depend on the
+#: format beyond what FormatTests checks for every format.
+CONCEPT_FORMAT = "zarr"
+
+
 @pytest.fixture(params=IMPLEMENTED_FORMATS)
 def fmt(request: pytest.FixtureRequest) -> str:
+    """Every implemented format, for a test whose behaviour differs per format
+    (FormatTests overrides it with its ``format_name``)."""
     return str(request.param)
+
+
+@pytest.fixture
+def concept_format() -> str:
+    """The format a concept test runs on (:data:`CONCEPT_FORMAT`)."""
+    return CONCEPT_FORMAT
+
+
+def npy_sources(tmp: Path) -> list[Path]:
+    """Three float32 ``.npy`` series (3000, 1700 and 40 rows of 3 features) in ``tmp``."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for name, rows in [("a", 3000), ("b", 1700), ("c", 40)]:
+        path = tmp / f"{name}.npy"
+        np.save(path, rng.normal(size=(rows, 3)).astype(np.float32))
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> list[Path]:
+    """:func:`npy_sources` in ``tmp_path / "src"``."""
+    (tmp_path / "src").mkdir()
+    return npy_sources(tmp_path / "src")
+
+
+@pytest.fixture
+def mirror_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private ``WINDOWKIT_CACHE`` for remote conversions."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WINDOWKIT_CACHE", str(cache))
+    return cache
 
 
 def oracle_windows(series: Sequence[np.ndarray], spec: wk.WindowSpec
@@ -143,12 +190,12 @@ def s3_bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A module's ``FAST_IDS`` (test name -> parameter ids) keeps those cases in
+    """A test class's or module's ``FAST_IDS`` (test name -> parameter ids) keeps those cases in
     the fast suite and marks the test's other cases ``slow`` (``make test-slow``):
     each format and mode still runs there, the long cross product does not."""
     for item in items:
-        fast = getattr(getattr(item, "module", None), "FAST_IDS", {}).get(
-            getattr(item, "originalname", None))
+        owner = getattr(item, "cls", None) or getattr(item, "module", None)
+        fast = getattr(owner, "FAST_IDS", {}).get(getattr(item, "originalname", None))
         callspec = getattr(item, "callspec", None)
         if fast is not None and callspec is not None and callspec.id not in fast:
             item.add_marker(pytest.mark.slow)

@@ -127,14 +127,14 @@ CASES = [  # (make source, extra options, message)
 
 @pytest.mark.parametrize(("make", "options", "message"), CASES,
                          ids=[f"{i}-{c[2][:30]}" for i, c in enumerate(CASES)])
-def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, fmt: str,
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, concept_format: str,
                                                         make: Callable[[Path], Path],
                                                         options: list[str | None],
                                                         message: str) -> None:
     (tmp_path / "src").mkdir()
     source = make(tmp_path / "src")
     out = tmp_path / "out" / "store"
-    args = {"--format": fmt, "--out": str(out), "--window": "8"}
+    args = {"--format": concept_format, "--out": str(out), "--window": "8"}
     extra = iter(options)
     for option in extra:
         args[str(option)] = next(extra)
@@ -148,12 +148,12 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, fmt: str
     assert not out.exists() and not out.parent.exists(), "something was written"
 
 
-def test_an_existing_target_is_refused_and_kept(tmp_path: Path, fmt: str) -> None:
+def test_an_existing_target_is_refused_and_kept(tmp_path: Path, concept_format: str) -> None:
     source = _good(tmp_path)
     out = tmp_path / "store"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    result = CliRunner().invoke(main, ["convert", str(source), "--format", fmt, "--out",
+    result = CliRunner().invoke(main, ["convert", str(source), "--format", concept_format, "--out",
                                        str(out), "--window", "8"])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "target exists and is not empty" in result.output

@@ -37,8 +37,8 @@ def _forecasting(path: Path, fmt: str, lengths: list[int], **kwargs: Any) -> wk.
 
 
 @pytest.fixture
-def store(tmp_path: Path, fmt: str) -> wk.Store:
-    return _forecasting(tmp_path / "s", fmt, [300, 41, 222, 9, 160])  # 347 windows
+def store(tmp_path: Path, concept_format: str) -> wk.Store:
+    return _forecasting(tmp_path / "s", concept_format, [300, 41, 222, 9, 160])  # 347 windows
 
 
 def bench(*args: object) -> Any:
@@ -60,10 +60,11 @@ def _window_bytes(store: wk.Store) -> int:
 
 @pytest.mark.parametrize("reader", ["tf", "keras"])
 @pytest.mark.parametrize("shuffle", ["blocks", "global"])
-def test_bench_reads_dict_batches(store: wk.Store, fmt: str, reader: str, shuffle: str) -> None:
+def test_bench_reads_dict_batches(store: wk.Store, concept_format: str, reader: str,
+                                  shuffle: str) -> None:
     report = _bench_json(store.path, "--reader", reader, "--shuffle", shuffle, "--batch-size",
                          16, "--batches", 5, "--warmup", 1)
-    assert report["format"] == fmt and report["reader"] == reader
+    assert report["format"] == concept_format and report["reader"] == reader
     assert report["run"]["windows"] == 5 * 16
     assert report["window_bytes"] == _window_bytes(store)  # every part counted
     assert report["run"]["bytes"] == 5 * 16 * _window_bytes(store)
@@ -75,10 +76,10 @@ def test_bench_reads_dict_batches(store: wk.Store, fmt: str, reader: str, shuffl
     assert 1 <= report["mixing"]["series"] <= 5 and report["mixing"]["uniform_series"] > 1
 
 
-def test_a_small_store_at_the_defaults(tmp_path: Path, fmt: str) -> None:
+def test_a_small_store_at_the_defaults(tmp_path: Path, concept_format: str) -> None:
     """143 windows, one batch of 256: no warm-up (said so), the whole epoch
     timed, mixing not measured (no full batch; said so), the baseline compared."""
-    store = _forecasting(tmp_path / "s", fmt, [120, 80, 110])
+    store = _forecasting(tmp_path / "s", concept_format, [120, 80, 110])
     assert store.num_windows("train") == 143
     result = bench(store.path, "--baseline")
     assert result.exit_code == 0, result.output
@@ -111,10 +112,10 @@ def test_batches_beyond_one_epoch_run_more_epochs(store: wk.Store, reader: str) 
     assert "  timed 30 batches after 2 warm-up: 3 epochs of 11 batches read" in text, text
 
 
-def test_an_empty_split_is_one_line(tmp_path: Path, fmt: str) -> None:
+def test_an_empty_split_is_one_line(tmp_path: Path, concept_format: str) -> None:
     """A 70/30 split of short series leaves ``val`` empty: one line, exit 2, no
     advice about warm-up or batch size."""
-    store = _forecasting(tmp_path / "s", fmt, [20, 24, 22], splits="train=0.7,val=0.3")
+    store = _forecasting(tmp_path / "s", concept_format, [20, 24, 22], splits="train=0.7,val=0.3")
     assert store.num_windows("val") == 0 and store.num_windows("train") > 0
     for reader in ("tf", "keras"):
         result = bench(store.path, "--split", "val", "--reader", reader)

@@ -18,10 +18,10 @@ tf = pytest.importorskip("tensorflow")
 @pytest.mark.parametrize("series", [False, True])
 def test_carried_batches_equal_rebatch(tmp_path: Path, batch_size: int,
                                        drop_remainder: bool, series: bool) -> None:
-    from windowkit.readers._carry import carried_batches
-    from windowkit.readers._cut import WindowCutter
-    from windowkit.readers._groups import block_groups
     from windowkit.readers.tf import batch_cutter
+    from windowkit.readers.tfdata_engine.carry import carried_batches
+    from windowkit.readers.tfdata_engine.cut import WindowCutter
+    from windowkit.readers.tfdata_engine.groups import block_groups
 
     arrays = [np.column_stack([np.full(n, s), np.arange(n)]).astype(np.float32)
               for s, n in enumerate([700, 33, 900, 50, 12, 610])]
@@ -29,19 +29,19 @@ def test_carried_batches_equal_rebatch(tmp_path: Path, batch_size: int,
                        window=wk.WindowSpec(8, horizon=2), block_rows=16,
                        known_columns=["1"], target_columns=["0"])
     plan = store.read_plan("train")
-    parts = plan.store.parts(series)
+    fields = plan.store.fields(series)
 
     def groups() -> tf.data.Dataset:  # groups of 1-3 blocks: many hold under a batch
         return block_groups(plan, shuffle=True, seed=3, shuffle_blocks=2, cache_bytes=1 << 20,
-                            with_series=parts.series)
+                            with_series=fields.series)
 
-    cutter = WindowCutter(plan.spec, None, plan.store.target_index, parts)
+    cutter = WindowCutter(plan.spec, None, plan.store.target_index, fields)
     carried = carried_batches(groups(), cutter, batch_size=batch_size,
                               drop_remainder=drop_remainder,
                               empty_rows=tf.zeros([plan.spec.span, 2]),
-                              with_series=parts.series)
+                              with_series=fields.series)
     rebatched = groups().flat_map(batch_cutter(plan.spec, batch_size, None, plan.store.target_index,
-                                               parts)).rebatch(batch_size, drop_remainder)
+                                               fields)).rebatch(batch_size, drop_remainder)
     got, want = list(carried), list(rebatched)
     assert len(got) == len(want) > 0
     for a, b in zip(got, want, strict=True):

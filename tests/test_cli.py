@@ -26,16 +26,17 @@ def run(*args: str) -> object:
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def test_convert_then_inspect(npy_dir: Path, fmt: str) -> None:
+def test_convert_then_inspect(npy_dir: Path, concept_format: str) -> None:
     out = npy_dir / "store"
-    result = run("convert", npy_dir / "*.npy", "--format", fmt, "--out", out, "--window", 16,
+    result = run("convert", npy_dir / "*.npy", "--format", concept_format, "--out", out,
+                 "--window", 16,
                  "--stride", 2, "--horizon", 1, "--quiet")
     assert result.exit_code == 0, result.output
     store = wk.open_store(out)
     assert store.num_windows("train") == len(range(0, 400 - 16, 2)) + len(range(0, 150 - 16, 2))
     result = run("inspect", out)
     assert result.exit_code == 0, result.output
-    assert re.search(rf"^format\s+{fmt}$", result.output, re.M)
+    assert re.search(rf"^format\s+{concept_format}$", result.output, re.M)
     assert "3 (1 too short for a window)" in result.output
     assert re.search(r"^windows \[train\]\s+259$", result.output, re.M)
     result = run("inspect", out, "--json")
@@ -104,19 +105,19 @@ def test_the_old_names_of_part_size_and_parts_still_work(npy_dir: Path) -> None:
     (["a.npy", "--window", "4", "--parts", "2", "--shards", "3"],
      "--parts and --shards (its old name) are both given; give --parts only"),
 ])
-def test_bad_input_is_one_clear_line(npy_dir: Path, fmt: str, args: list[str],
+def test_bad_input_is_one_clear_line(npy_dir: Path, concept_format: str, args: list[str],
                                      message: str) -> None:
     args = [str(npy_dir / args[0]), *args[1:]]
-    result = run("convert", *args, "--format", fmt, "--out", npy_dir / "s")
+    result = run("convert", *args, "--format", concept_format, "--out", npy_dir / "s")
     assert result.exit_code == 2
     assert result.output.startswith("windowkit: error: ") and message in result.output
     assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
     assert not (npy_dir / "s").exists()
 
 
-def test_existing_target_is_refused_then_overwritten(npy_dir: Path, fmt: str) -> None:
+def test_existing_target_is_refused_then_overwritten(npy_dir: Path, concept_format: str) -> None:
     out = npy_dir / "s"
-    base = ["convert", npy_dir / "a.npy", "--format", fmt, "--out", out, "-q"]
+    base = ["convert", npy_dir / "a.npy", "--format", concept_format, "--out", out, "-q"]
     assert run(*base, "--window", 4).exit_code == 0
     result = run(*base, "--window", 8)
     assert result.exit_code == 2 and "target exists and is not empty" in result.output
@@ -141,16 +142,18 @@ def test_a_path_that_is_no_store_is_one_line(tmp_path: Path, command: str) -> No
 
 
 @pytest.mark.parametrize("reader", ["tf", "keras"])
-def test_bench_measures_the_reader_and_the_baseline(npy_dir: Path, fmt: str, reader: str) -> None:
+def test_bench_measures_the_reader_and_the_baseline(npy_dir: Path, concept_format: str,
+                                                    reader: str) -> None:
     out = npy_dir / "store"
-    assert run("convert", npy_dir / "*.npy", "--format", fmt, "--out", out, "--window", 8,
+    assert run("convert", npy_dir / "*.npy", "--format", concept_format, "--out", out, "--window",
+               8,
                "--horizon", 2, "-q").exit_code == 0
     plot = npy_dir / "timeline.png"
     result = run("bench", out, "--reader", reader, "--batch-size", 16, "--batches", 10,
                  "--warmup", 2, "--baseline", "--plot", plot, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["format"] == fmt and report["reader"] == reader
+    assert report["format"] == concept_format and report["reader"] == reader
     assert report["run"]["windows"] == 10 * 16
     assert report["run"]["bytes"] == 10 * 16 * (8 + 2) * 3 * 4
     assert report["run"]["windows_s"] > 0 and report["peak_rss_mb"] > 0
@@ -174,7 +177,8 @@ def test_bench_measures_the_reader_and_the_baseline(npy_dir: Path, fmt: str, rea
 
 @pytest.mark.parametrize("reader", ["tf", "keras"])
 @pytest.mark.parametrize("shuffle", ["blocks", "global", "none"])
-def test_bench_mixing_is_what_the_readers_batches_hold(tmp_path: Path, fmt: str, reader: str,
+def test_bench_mixing_is_what_the_readers_batches_hold(tmp_path: Path, concept_format: str,
+                                                       reader: str,
                                                        shuffle: str) -> None:
     """The mixing figures (measured on a stand-in store of row numbers) equal
     those counted from the real batches of a store whose feature 0 is the
@@ -184,7 +188,7 @@ def test_bench_mixing_is_what_the_readers_batches_hold(tmp_path: Path, fmt: str,
     lengths = [300, 120, 500, 260, 90, 410, 333, 150]
     series = [np.column_stack([np.full(n, i), np.arange(n)]).astype(np.float32)
               for i, n in enumerate(lengths)]
-    store = wk.convert(series, tmp_path / "s", format=fmt, window=8, block_rows=32)
+    store = wk.convert(series, tmp_path / "s", format=concept_format, window=8, block_rows=32)
     mixing = batch_mixing(store, split="train", batch_size=64, reader=reader, shuffle=shuffle,
                           seed=2)
     kwargs = {"shuffle": SHUFFLES[shuffle], "seed": 2, "drop_remainder": True}

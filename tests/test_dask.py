@@ -55,6 +55,7 @@ def _on_dask_to_s3(tmp_path: Path, cluster: object, url: str,
     return local
 
 
+# per format: each format's part writer is shipped to the dask workers
 def test_dask_gives_the_store_a_local_conversion_gives(tmp_path: Path, fmt: str,
                                                        cluster: object) -> None:
     sources = [str(p) for p in _npy_sources(tmp_path / "src")]
@@ -110,15 +111,16 @@ def test_a_scheduler_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
 
 
 def test_forecasting_stores_on_dask_and_s3_equal_a_local_conversion(
-        tmp_path: Path, fmt: str, cluster: object, s3_bucket: str,
+        tmp_path: Path, concept_format: str, cluster: object, s3_bucket: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Known-future and static columns and history-context splits: converted
     on the cluster to s3://, the store equals a local conversion byte for
     byte, and reads the same dict batches."""
     monkeypatch.setenv("WINDOWKIT_CACHE", str(tmp_path / "cache"))
-    url = f"{s3_bucket}/forecast-{fmt}"
+    url = f"{s3_bucket}/forecast-{concept_format}"
     local = _on_dask_to_s3(tmp_path, cluster, url, {
-        "format": fmt, "window": wk.WindowSpec(16, horizon=3), "block_rows": 256, "parts": 3,
+        "format": concept_format, "window": wk.WindowSpec(16,
+                                                          horizon=3), "block_rows": 256, "parts": 3,
         "splits": "train=0.8,val=0.2", "split_context": "history", "target_columns": ["0"],
         "known_columns": ["2", "3"], "static": {"size": [1.0, 2.0, 3.0]}})
     remote = wk.open_store(url)

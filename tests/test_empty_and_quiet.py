@@ -53,10 +53,11 @@ EMPTY_CASES = {
 
 
 @pytest.mark.parametrize("case", list(EMPTY_CASES))
-def test_a_conversion_without_windows_is_an_error(tmp_path: Path, fmt: str, case: str) -> None:
+def test_a_conversion_without_windows_is_an_error(tmp_path: Path, concept_format: str,
+                                                  case: str) -> None:
     make, options, message = EMPTY_CASES[case]
     with pytest.raises(wk.InvalidSpecError, match=message):
-        wk.convert(make(), tmp_path / "store", format=fmt, **options)  # type: ignore[arg-type]
+        wk.convert(make(), tmp_path / "store", format=concept_format, **options)  # type: ignore[arg-type]
     _nothing_left(tmp_path)
 
 
@@ -91,12 +92,13 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_an_empty_split_is_one_warning_and_an_error_when_read(
-        tmp_path: Path, fmt: str, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, concept_format: str, caplog: pytest.LogCaptureFixture) -> None:
     """70/30 of short series leaves val without a window: said once at conversion,
     with the history context's count; both readers refuse to read it."""
     out = tmp_path / "store"
     with caplog.at_level(logging.WARNING, logger="windowkit"):
-        store = wk.convert(_series(30, 25), out, format=fmt, window=wk.WindowSpec(8, horizon=2),
+        store = wk.convert(_series(30, 25), out, format=concept_format, window=wk.WindowSpec(8,
+                                                                                             horizon=2),
                            splits={"train": .7, "val": .3})
     (warning,) = _warnings(caplog)
     assert warning == (
@@ -113,7 +115,7 @@ def test_an_empty_split_is_one_warning_and_an_error_when_read(
     with pytest.raises(wk.InvalidSpecError, match=expected):
         store.tf_dataset("val", 4, shuffle="global")
     assert "windows [val]    0  (none: nothing to read)" in render(describe(out))
-    history = wk.convert(_series(30, 25), tmp_path / "h", format=fmt,
+    history = wk.convert(_series(30, 25), tmp_path / "h", format=concept_format,
                          window=wk.WindowSpec(8, horizon=2), splits={"train": .7, "val": .3},
                          split_context="history")
     assert history.num_windows("val") == 14
@@ -188,7 +190,7 @@ def test_no_window_on_dask_and_s3_publishes_nothing(tmp_path: Path, s3_bucket: s
 
 # -- inspect's split times ---------------------------------------------------------------
 @pytest.mark.parametrize("context", ["none", "history"])
-def test_inspect_split_times_are_those_of_the_windows(tmp_path: Path, fmt: str,
+def test_inspect_split_times_are_those_of_the_windows(tmp_path: Path, concept_format: str,
                                                       context: str) -> None:
     """Stride 2, a gap, a NaN and two series: each split's times run from the first
     row of its earliest window (its first target under the history context) to the
@@ -199,7 +201,7 @@ def test_inspect_split_times_are_those_of_the_windows(tmp_path: Path, fmt: str,
                        for k, t in years.items()], ignore_index=True)
     frame.loc[frame.index[-4], "v"] = np.nan  # series b, near its end
     spec = wk.WindowSpec(5, stride=2, horizon=2)
-    store = wk.convert(frame, tmp_path / "s", format=fmt, window=spec, series_col="id",
+    store = wk.convert(frame, tmp_path / "s", format=concept_format, window=spec, series_col="id",
                        time_col="year", columns=["v"], splits={"train": .6, "val": .4},
                        split_context=context, nan="skip")
     times = [years[k] for k in store.series_table.column("key").to_pylist()]

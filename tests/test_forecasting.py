@@ -33,8 +33,8 @@ def arrays() -> list[np.ndarray]:
 
 
 @pytest.fixture
-def store(tmp_path: Path, fmt: str, arrays: list[np.ndarray]) -> wk.Store:
-    return wk.convert(arrays, tmp_path / "s", format=fmt, window=SPEC, block_rows=64,
+def store(tmp_path: Path, concept_format: str, arrays: list[np.ndarray]) -> wk.Store:
+    return wk.convert(arrays, tmp_path / "s", format=concept_format, window=SPEC, block_rows=64,
                       known_columns=[str(k) for k in KNOWN],
                       target_columns=[str(t) for t in TARGETS])
 
@@ -94,11 +94,11 @@ def test_random_access_and_keys_present_only_when_configured(tmp_path: Path,
     ([0], [3, 2]),  # targets out of order, known before them
 ])
 @pytest.mark.parametrize("reader", ["blocks", "global", "keras"])
-def test_every_layout_of_target_and_known_columns(tmp_path: Path, fmt: str,
+def test_every_layout_of_target_and_known_columns(tmp_path: Path, concept_format: str,
                                                   arrays: list[np.ndarray], reader: str,
                                                   known: list[int],
                                                   targets: list[int] | None) -> None:
-    store = wk.convert(arrays, tmp_path / "s", format=fmt, window=SPEC, block_rows=64,
+    store = wk.convert(arrays, tmp_path / "s", format=concept_format, window=SPEC, block_rows=64,
                        known_columns=[str(k) for k in known],
                        target_columns=None if targets is None else [str(t) for t in targets])
     y_columns = list(range(4)) if targets is None else targets
@@ -197,9 +197,10 @@ def _panel(tmp_path: Path) -> tuple[Path, Any]:
     return path, frame
 
 
-def test_static_columns_of_a_table_reach_every_reader(tmp_path: Path, fmt: str) -> None:
+def test_static_columns_of_a_table_reach_every_reader(tmp_path: Path, concept_format: str) -> None:
     path, _frame = _panel(tmp_path)
-    store = wk.convert(path, tmp_path / "s", format=fmt, series_col="shop", time_col="day",
+    store = wk.convert(path, tmp_path / "s", format=concept_format, series_col="shop",
+                       time_col="day",
                        columns=["sales", "price"], static_columns=["size", "region"],
                        window=wk.WindowSpec(5, horizon=2),
                        target_columns=["sales"], splits="train=0.7,val=0.3", block_rows=32)
@@ -223,9 +224,10 @@ def test_static_columns_of_a_table_reach_every_reader(tmp_path: Path, fmt: str) 
                                rtol=1e-6)
 
 
-def test_static_features_of_arrays(tmp_path: Path, fmt: str) -> None:
+def test_static_features_of_arrays(tmp_path: Path, concept_format: str) -> None:
     arrays = _tagged([50, 30, 70])
-    store = wk.convert(arrays, tmp_path / "s", format=fmt, window=wk.WindowSpec(4, horizon=1),
+    store = wk.convert(arrays, tmp_path / "s", format=concept_format, window=wk.WindowSpec(4,
+                                                                                           horizon=1),
                        static={"area": [1.5, 2.5, 3.5], "kind": [0, 1, 1]})
     assert store.manifest.static_columns == ["area", "kind"]
     x, _y = store.windows("train", np.arange(store.num_windows("train")))

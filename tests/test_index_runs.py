@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import windowkit as wk
-from windowkit.index import IndexWriter, WindowRuns
+from windowkit.index import IndexWriter, read_window_runs
 
 
 @st.composite
@@ -42,7 +42,7 @@ def test_runs_resolve_like_the_table(tmp_path_factory: pytest.TempPathFactory, d
     original = index_module._RUNS_BATCH
     index_module._RUNS_BATCH = batch_rows  # runs must survive record-batch boundaries
     try:
-        runs = WindowRuns.from_index(path, stride=stride, row_offset=offsets, series_rows=rows)
+        runs = read_window_runs(path, stride=stride, row_offset=offsets, series_rows=rows)
     finally:
         index_module._RUNS_BATCH = original
     global_starts = np.concatenate([offsets[sid] + s for sid, s in tables])
@@ -52,7 +52,8 @@ def test_runs_resolve_like_the_table(tmp_path_factory: pytest.TempPathFactory, d
     for low in range(0, total_rows + 1, 5):
         high = low + 7
         inside = global_starts[(global_starts >= low) & (global_starts < high)]
-        np.testing.assert_array_equal(runs.starts_between(low, high), inside)
+        selected = runs.select_rows(np.array([low]), np.array([high]))
+        np.testing.assert_array_equal(selected.global_starts(np.arange(selected.total)), inside)
 
 
 def test_unsorted_index_is_refused(tmp_path: Path) -> None:
@@ -61,5 +62,5 @@ def test_unsorted_index_is_refused(tmp_path: Path) -> None:
     writer.add(0, np.array([5, 3], dtype=np.int64))
     writer.close()
     with pytest.raises(wk.StoreError, match="not sorted"):
-        WindowRuns.from_index(path, stride=1, row_offset=np.array([0]),
+        read_window_runs(path, stride=1, row_offset=np.array([0]),
                               series_rows=np.array([10]))

@@ -1,6 +1,7 @@
 """The conventions a Python (and Zarr) user expects of a package: ``python -m
 windowkit``, a ``py.typed`` marker, a quiet library logger, and a Zarr array
-whose axes are named so that xarray and xbatcher can open it."""
+whose axes are named so that xarray and xbatcher can open it, and Parquet
+value columns named as in the source."""
 
 from __future__ import annotations
 
@@ -117,3 +118,30 @@ def test_xarray_opens_the_zarr_array(tmp_path: Path) -> None:
     ds = xr.open_dataset(view, engine="zarr", consolidated=False, zarr_format=3)
     assert ds["rows"].dims == ("row", "feature")
     np.testing.assert_array_equal(ds["rows"].values, values)
+
+
+@pytest.mark.parametrize(("names", "stored"), [
+    (["temp", "wind"], ["temp", "wind"]),  # the source's names
+    (["row", "wind"], ["f0", "f1"]),  # a bookkeeping column's name: positions instead
+])
+def test_parquet_value_columns_keep_the_source_names(tmp_path: Path, names: list[str],
+                                                     stored: list[str]) -> None:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(40, 2)).astype(np.float32)
+    frame = pd.DataFrame({"id": ["a"] * 20 + ["b"] * 20, "t": list(range(20)) * 2,
+                          names[0]: values[:, 0], names[1]: values[:, 1]})
+    store = wk.convert(frame, tmp_path / "s", format="parquet", window=4,
+                       series_col="id", time_col="t")
+    parts = sorted((tmp_path / "s" / "data").glob("part-*.parquet"))
+    table = pq.read_table(parts[0])
+    assert table.column_names == ["series", "row", *stored]
+    assert store.manifest.data["columns"] == stored
+    np.testing.assert_array_equal(table.select(stored).to_pandas().to_numpy()[:20],
+                                  values[:20])
+    x = store.windows("train", np.arange(store.num_windows("train")))
+    first = [values[s:s + 4] for s in range(17)] + [values[20 + s:24 + s] for s in range(17)]
+    np.testing.assert_array_equal(x, np.stack(first))
+    assert verify_store(tmp_path / "s") == []

@@ -28,6 +28,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 import windowkit as wk
 from tests.conftest import assert_windows_equal, oracle_windows, window_keys
 from tests.test_store_suite import datasets
+from windowkit.readers import BatchOptions, ShuffleOptions
 from windowkit.readers.keras import WindowPyDataset
 
 Epoch = tuple[np.ndarray, np.ndarray | None]
@@ -249,7 +250,8 @@ class _PidDataset(WindowPyDataset):
 def test_keras_workers_read_every_window_once(store: wk.Store, workers: int,
                                               use_multiprocessing: bool) -> None:
     expected = sorted(window_keys(*_oracle()))
-    ds = _PidDataset(store.read_plan("train"), 32, seed=7, cache_bytes=1 << 12, workers=workers,
+    ds = _PidDataset(store.read_plan("train"), BatchOptions(32),
+                     ShuffleOptions(seed=7, cache_bytes=1 << 12), workers=workers,
                      use_multiprocessing=use_multiprocessing)
     reference = store.keras_dataset("train", 32, seed=7, cache_bytes=1 << 12)
     adapter = PyDatasetAdapter(ds, shuffle=False)

@@ -76,9 +76,10 @@ def _source(frame: pd.DataFrame, kind: str, tmp_path: Path) -> object:
 
 @pytest.mark.parametrize("kind", ["csv", "parquet", "dataframe"])
 def test_skip_leaves_out_exactly_the_windows_touching_missing_values(
-        tmp_path: Path, fmt: str, kind: str) -> None:
+        tmp_path: Path, concept_format: str, kind: str) -> None:
     frame = _stations()
-    store = wk.convert(_source(frame, kind, tmp_path), tmp_path / "s", format=fmt, window=SPEC,
+    store = wk.convert(_source(frame, kind, tmp_path), tmp_path / "s", format=concept_format,
+                       window=SPEC,
                        series_col="station", time_col="time", nan="skip")
     want_x, want_y = _oracle(frame, SPEC)
     assert store.num_windows("train") == len(want_x)
@@ -98,9 +99,10 @@ def test_skip_leaves_out_exactly_the_windows_touching_missing_values(
     assert info["nan_skipped_windows"] > 0 and info["gap_skipped_windows"] > 0
 
 
-def test_statistics_leave_out_rows_with_missing_values(tmp_path: Path, fmt: str) -> None:
+def test_statistics_leave_out_rows_with_missing_values(tmp_path: Path, concept_format: str) -> None:
     frame = _stations()
-    store = wk.convert(frame, tmp_path / "s", format=fmt, window=SPEC, series_col="station",
+    store = wk.convert(frame, tmp_path / "s", format=concept_format, window=SPEC,
+                       series_col="station",
                        time_col="time", nan="skip")
     values = frame[["temp", "wind"]].to_numpy()
     finite = values[np.isfinite(values).all(axis=1)]
@@ -131,7 +133,7 @@ def test_infinity_is_refused_by_default_naming_the_column(tmp_path: Path) -> Non
                    series_col="station", time_col="time")
 
 
-def test_cli_nan_skip_on_npy_series(tmp_path: Path, fmt: str) -> None:
+def test_cli_nan_skip_on_npy_series(tmp_path: Path, concept_format: str) -> None:
     rng = np.random.default_rng(0)
     a = rng.normal(size=(200, 3)).astype(np.float32)
     b = rng.normal(size=(150, 3)).astype(np.float32)
@@ -139,7 +141,7 @@ def test_cli_nan_skip_on_npy_series(tmp_path: Path, fmt: str) -> None:
     b[0, 2] = -np.inf
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
-    args = ["convert", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "--format", fmt,
+    args = ["convert", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "--format", concept_format,
             "--window", "6", "--horizon", "2", "-q"]
     refused = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "no")])
     assert refused.exit_code == 2
@@ -157,9 +159,10 @@ def test_cli_nan_skip_on_npy_series(tmp_path: Path, fmt: str) -> None:
     assert f"{skipped:,} (they touch one of 4 rows with NaN or inf)" in shown.output
 
 
-def test_skip_with_splits_and_workers(tmp_path: Path, fmt: str) -> None:
+def test_skip_with_splits_and_workers(tmp_path: Path, concept_format: str) -> None:
     frame = _stations()
-    store = wk.convert(frame, tmp_path / "s", format=fmt, window=SPEC, series_col="station",
+    store = wk.convert(frame, tmp_path / "s", format=concept_format, window=SPEC,
+                       series_col="station",
                        time_col="time", nan="skip", splits="train=0.7,val=0.3", workers=2,
                        block_rows=16, parts=3)
     total = sum(store.num_windows(s) for s in store.splits)

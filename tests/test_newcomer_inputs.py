@@ -54,16 +54,17 @@ def _sunspots() -> pd.DataFrame:
 
 # -- deliverable 4: Python inputs ----------------------------------------------------
 
-def test_a_pandas_series_is_one_series_named_by_its_name(tmp_path: Path, fmt: str) -> None:
+def test_a_pandas_series_is_one_series_named_by_its_name(tmp_path: Path,
+                                                         concept_format: str) -> None:
     frame = _sunspots()
     series = frame["SUNACTIVITY"]
-    store = wk.convert(series, tmp_path / "s", format=fmt, window=SPEC)
+    store = wk.convert(series, tmp_path / "s", format=concept_format, window=SPEC)
     assert _keys(store) == ["SUNACTIVITY"] and store.step_shape == ()
     _assert_oracle(store, [series.to_numpy()], SPEC)
     x, _ = _windows(store)
     assert x.shape == (store.num_windows("train"), 4)  # scalar steps: x is [B, L]
     named = [frame["SUNACTIVITY"], frame["OTHER"]]  # a list of named Series keeps the names
-    store = wk.convert(named, tmp_path / "two", format=fmt, window=SPEC)
+    store = wk.convert(named, tmp_path / "two", format=concept_format, window=SPEC)
     assert _keys(store) == ["SUNACTIVITY", "OTHER"]
     _assert_oracle(store, [s.to_numpy() for s in named], SPEC)
 
@@ -93,9 +94,9 @@ def test_a_string_is_one_column_wherever_columns_are_taken(tmp_path: Path) -> No
         wk.convert(frame, tmp_path / "u", window=SPEC, time_col=["YEAR", "id"])
 
 
-def test_float_years_are_integers(tmp_path: Path, fmt: str) -> None:
+def test_float_years_are_integers(tmp_path: Path, concept_format: str) -> None:
     frame = _sunspots().drop(index=[30])  # 1730 missing: a gap no window spans
-    store = wk.convert(frame, tmp_path / "s", format=fmt, window=SPEC, time_col="YEAR",
+    store = wk.convert(frame, tmp_path / "s", format=concept_format, window=SPEC, time_col="YEAR",
                        columns="SUNACTIVITY", split_at=[1745])
     values = frame["SUNACTIVITY"].to_numpy()[:, None]
     x, _ = store.windows("train", np.arange(store.num_windows("train")))
@@ -120,14 +121,14 @@ def test_a_time_column_of_fractions_is_refused_naming_it(tmp_path: Path, year: f
     assert not (tmp_path / "s").exists()
 
 
-def test_the_window_as_keywords(tmp_path: Path, fmt: str) -> None:
+def test_the_window_as_keywords(tmp_path: Path, concept_format: str) -> None:
     values = np.random.default_rng(1).normal(size=(50, 3))
-    store = wk.convert([values], tmp_path / "s", format=fmt, window=5, stride=2,
+    store = wk.convert([values], tmp_path / "s", format=concept_format, window=5, stride=2,
                        sampling_rate=2, horizon=3)
     spec = wk.WindowSpec(5, stride=2, sampling_rate=2, horizon=3)
     assert store.spec == spec
     _assert_oracle(store, [values], spec)
-    old = wk.convert([values], tmp_path / "old", format=fmt, window=spec)  # still works
+    old = wk.convert([values], tmp_path / "old", format=concept_format, window=spec)  # still works
     assert old.spec == spec and old.num_windows("train") == store.num_windows("train")
 
 
@@ -206,12 +207,13 @@ _LONG = ("--series-col", "sensor", "--time-col", "t", "--window", 4, "--stride",
          "--horizon", 1, "-q")
 
 
-def test_several_csv_files_are_one_table(tmp_path: Path, fmt: str) -> None:
+def test_several_csv_files_are_one_table(tmp_path: Path, concept_format: str) -> None:
     frame = _long_frame()
     # sensor b's rows continue from the first file into the second
     frame.iloc[:60].to_csv(tmp_path / "part1.csv", index=False)
     frame.iloc[60:].to_csv(tmp_path / "part2.csv", index=False)
-    result = _cli("convert", tmp_path / "part1.csv", tmp_path / "part2.csv", "--format", fmt,
+    result = _cli("convert", tmp_path / "part1.csv", tmp_path / "part2.csv", "--format",
+                  concept_format,
                   "--out", tmp_path / "s", *_LONG)
     assert result.exit_code == 0, result.output
     store = wk.open_store(tmp_path / "s")
@@ -231,7 +233,7 @@ def test_a_glob_of_parquet_files_with_float32(tmp_path: Path) -> None:
     _assert_oracle(store, _per_series(frame, ["v", "n"], np.float32), SPEC)
 
 
-def test_a_directory_of_parquet_parts_in_natural_order(tmp_path: Path, fmt: str) -> None:
+def test_a_directory_of_parquet_parts_in_natural_order(tmp_path: Path, concept_format: str) -> None:
     """One wide series cut into 12 parts: part-10 and part-11 come after part-9."""
     rng = np.random.default_rng(6)
     wide = pd.DataFrame({"t": np.arange(240), "x": rng.normal(size=240),
@@ -241,7 +243,8 @@ def test_a_directory_of_parquet_parts_in_natural_order(tmp_path: Path, fmt: str)
                      use_threads=False)
     assert len(list((tmp_path / "parts").glob("part-*.parquet"))) == 12
     (tmp_path / "parts" / "_SUCCESS").write_text("")
-    result = _cli("convert", tmp_path / "parts", "--format", fmt, "--out", tmp_path / "s",
+    result = _cli("convert", tmp_path / "parts", "--format", concept_format, "--out",
+                  tmp_path / "s",
                   "--time-col", "t", "--window", 4, "--stride", 2, "--horizon", 1,
                   "--sort-memory", "1KiB", "-q")  # streamed: no memory budget needed
     assert result.exit_code == 0, result.output
@@ -250,13 +253,13 @@ def test_a_directory_of_parquet_parts_in_natural_order(tmp_path: Path, fmt: str)
     _assert_oracle(store, [wide[["x", "y"]].to_numpy()], SPEC)
 
 
-def test_hive_partitions_become_columns(tmp_path: Path, fmt: str) -> None:
+def test_hive_partitions_become_columns(tmp_path: Path, concept_format: str) -> None:
     frame = _long_frame()
     ds.write_dataset(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "hive",
                      format="parquet", partitioning=["sensor"], partitioning_flavor="hive",
                      use_threads=False)
     assert (tmp_path / "hive" / "sensor=b").is_dir()
-    result = _cli("convert", tmp_path / "hive", "--format", fmt, "--out", tmp_path / "s",
+    result = _cli("convert", tmp_path / "hive", "--format", concept_format, "--out", tmp_path / "s",
                   "--columns", "v,n", *_LONG)
     assert result.exit_code == 0, result.output
     store = wk.open_store(tmp_path / "s")

@@ -43,11 +43,11 @@ def _runs(ok: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in edges.reshape(-1, 2)]
 
 
-def test_grunfeld_investment_panel(tmp_path: Path, fmt: str) -> None:
+def test_grunfeld_investment_panel(tmp_path: Path, concept_format: str) -> None:
     """11 firms x 20 years, long form, integer years."""
     frame = pd.read_csv(REAL / "grunfeld.csv")
     features = ["invest", "value", "capital"]
-    store = _convert(tmp_path, fmt, "grunfeld.csv", "--series-col", "firm", "--time-col",
+    store = _convert(tmp_path, concept_format, "grunfeld.csv", "--series-col", "firm", "--time-col",
                      "year", "--columns", ",".join(features), "--window", "5", "--horizon", "1")
     assert store.manifest.series["count"] == 11
     assert store.num_windows("train") == 11 * (20 - 6 + 1)
@@ -57,8 +57,8 @@ def test_grunfeld_investment_panel(tmp_path: Path, fmt: str) -> None:
     assert_windows_equal(x, y, want_x, want_y, in_order=True)
 
 
-def test_grunfeld_chronological_splits_do_not_leak(tmp_path: Path, fmt: str) -> None:
-    store = _convert(tmp_path, fmt, "grunfeld.csv", "--series-col", "firm", "--time-col",
+def test_grunfeld_chronological_splits_do_not_leak(tmp_path: Path, concept_format: str) -> None:
+    store = _convert(tmp_path, concept_format, "grunfeld.csv", "--series-col", "firm", "--time-col",
                      "year", "--columns", "invest,value,capital", "--window", "4",
                      "--split", "train=0.6,val=0.2,test=0.2")
     index = {s: store.index(s) for s in store.splits}
@@ -72,15 +72,16 @@ def test_grunfeld_chronological_splits_do_not_leak(tmp_path: Path, fmt: str) -> 
 
 
 def test_grunfeld_history_context_validates_on_the_last_years(tmp_path: Path,
-                                                              fmt: str) -> None:
+                                                              concept_format: str) -> None:
     """Window 5, horizon 1, 80/20: with ``none`` no validation window fits in 4
     years; with ``history`` each firm has 4, whose targets are exactly its last
     4 years (the last 20%), and no training window holds one of them."""
     args = ["--series-col", "firm", "--time-col", "year", "--columns",
             "invest,value,capital", "--window", "5", "--horizon", "1",
             "--split", "train=0.8,val=0.2"]
-    assert _convert(tmp_path / "none", fmt, "grunfeld.csv", *args).num_windows("val") == 0
-    store = _convert(tmp_path / "history", fmt, "grunfeld.csv", *args,
+    assert _convert(tmp_path / "none", concept_format, "grunfeld.csv",
+                    *args).num_windows("val") == 0
+    store = _convert(tmp_path / "history", concept_format, "grunfeld.csv", *args,
                      "--split-context", "history")
     frame = pd.read_csv(REAL / "grunfeld.csv")
     firms = [g.sort_values("year") for _, g in frame.groupby("firm", sort=False)]
@@ -103,19 +104,20 @@ def test_grunfeld_history_context_validates_on_the_last_years(tmp_path: Path,
     assert re.search(r"windows \[val\]\s+44\s+\(times 1951\.\.1954\)", shown), shown
 
 
-def test_mauna_loa_co2_with_missing_weeks(tmp_path: Path, fmt: str) -> None:
+def test_mauna_loa_co2_with_missing_weeks(tmp_path: Path, concept_format: str) -> None:
     """Weekly CO2, 1958-2001, integer dates (19580329), 59 empty weeks."""
     frame = pd.read_csv(REAL / "co2.csv")
     args = ["--time-col", "date", "--time-format", "%Y%m%d", "--columns", "co2",
             "--window", "52", "--horizon", "4"]
-    refused = CliRunner().invoke(main, ["convert", str(REAL / "co2.csv"), "--format", fmt,
+    refused = CliRunner().invoke(main, ["convert", str(REAL / "co2.csv"), "--format",
+                                        concept_format,
                                         "--out", str(tmp_path / "no"), *args])
     first_missing = int(np.flatnonzero(frame["co2"].isna())[0])
     assert refused.exit_code == 2 and refused.output.count("\n") == 1
     assert f"row {first_missing}, column 'co2' is missing (empty or NaN)" in refused.output
     assert "--nan skip" in refused.output and not (tmp_path / "no").exists()
 
-    store = _convert(tmp_path, fmt, "co2.csv", *args, "--nan", "skip")
+    store = _convert(tmp_path, concept_format, "co2.csv", *args, "--nan", "skip")
     values = frame[["co2"]].to_numpy()
     pieces = [values[a:b] for a, b in _runs(frame["co2"].notna().to_numpy())]
     want_x, want_y = oracle_windows(pieces, wk.WindowSpec(52, horizon=4))
@@ -129,10 +131,10 @@ def test_mauna_loa_co2_with_missing_weeks(tmp_path: Path, fmt: str) -> None:
     np.testing.assert_allclose(stats["mean"], [np.nanmean(values)], rtol=1e-12)
 
 
-def test_stock_prices_of_different_lengths(tmp_path: Path, fmt: str) -> None:
+def test_stock_prices_of_different_lengths(tmp_path: Path, concept_format: str) -> None:
     """Five monthly series (GOOG is shorter), text dates such as 'Jan 1 2000'."""
     frame = pd.read_csv(REAL / "stocks.csv")
-    store = _convert(tmp_path, fmt, "stocks.csv", "--series-col", "symbol", "--time-col",
+    store = _convert(tmp_path, concept_format, "stocks.csv", "--series-col", "symbol", "--time-col",
                      "date", "--time-format", "%b %d %Y", "--window", "12", "--horizon", "3")
     sizes = frame.groupby("symbol", sort=False).size()
     assert store.num_windows("train") == sum(n - 15 + 1 for n in sizes) == 4 * 109 + 54
@@ -145,16 +147,16 @@ def test_stock_prices_of_different_lengths(tmp_path: Path, fmt: str) -> None:
     assert "(times 2000-01-01..2010-03-01)" in shown.output
 
 
-def test_seattle_weather_forecasting_one_column(tmp_path: Path, fmt: str) -> None:
+def test_seattle_weather_forecasting_one_column(tmp_path: Path, concept_format: str) -> None:
     """Daily weather with a text column; forecast tomorrow's maximum temperature."""
     frame = pd.read_csv(REAL / "seattle-weather.csv")
     refused = CliRunner().invoke(main, [
-        "convert", str(REAL / "seattle-weather.csv"), "--format", fmt, "--out",
+        "convert", str(REAL / "seattle-weather.csv"), "--format", concept_format, "--out",
         str(tmp_path / "no"), "--time-col", "date", "--time-format", "%Y/%m/%d",
         "--window", "7", "--horizon", "1"])
     assert refused.exit_code == 2 and "column 'weather' is not numeric" in refused.output
     features = ["precipitation", "temp_max", "temp_min", "wind"]
-    store = _convert(tmp_path, fmt, "seattle-weather.csv", "--time-col", "date",
+    store = _convert(tmp_path, concept_format, "seattle-weather.csv", "--time-col", "date",
                      "--time-format", "%Y/%m/%d", "--columns", ",".join(features),
                      "--window", "7", "--horizon", "1", "--target-columns", "temp_max")
     assert store.num_windows("train") == len(frame) - 8 + 1
@@ -165,12 +167,13 @@ def test_seattle_weather_forecasting_one_column(tmp_path: Path, fmt: str) -> Non
     assert store.manifest.series["time_unit"] == "days"
 
 
-def test_san_francisco_hourly_temperatures_with_a_missing_hour(tmp_path: Path, fmt: str
+def test_san_francisco_hourly_temperatures_with_a_missing_hour(tmp_path: Path, concept_format: str
                                                                 ) -> None:
     frame = pd.read_csv(REAL / "sf-temps.csv")
     hours = pd.to_datetime(frame["date"], format="%Y/%m/%d %H:%M:%S")
     cut = int(np.flatnonzero(hours.diff() > pd.Timedelta(hours=1))[0])
-    store = _convert(tmp_path, fmt, "sf-temps.csv", "--time-col", "date", "--time-format",
+    store = _convert(tmp_path, concept_format, "sf-temps.csv", "--time-col", "date",
+                     "--time-format",
                      "%Y/%m/%d %H:%M:%S", "--window", "24", "--stride", "2")
     values = frame[["temp"]].to_numpy()
     want_x = oracle_windows_within(values, wk.WindowSpec(24, stride=2),
@@ -180,17 +183,17 @@ def test_san_francisco_hourly_temperatures_with_a_missing_hour(tmp_path: Path, f
     np.testing.assert_array_equal(x, want_x)
     assert store.manifest.series["gap_skipped_windows"] > 0
     # with --max-gap 2h the missing hour is no gap
-    spanning = _convert(tmp_path / "again", fmt, "sf-temps.csv", "--time-col", "date",
+    spanning = _convert(tmp_path / "again", concept_format, "sf-temps.csv", "--time-col", "date",
                         "--time-format", "%Y/%m/%d %H:%M:%S", "--window", "24",
                         "--stride", "2", "--max-gap", "2h")
     assert spanning.num_windows("train") == len(oracle_windows([values],
                                                                wk.WindowSpec(24, stride=2))[0])
 
 
-def test_iowa_electricity_yearly_with_leap_years(tmp_path: Path, fmt: str) -> None:
+def test_iowa_electricity_yearly_with_leap_years(tmp_path: Path, concept_format: str) -> None:
     """Three sources x 17 years, ISO dates: years of 365 and 366 days are no gap."""
     frame = pd.read_csv(REAL / "iowa-electricity.csv")
-    store = _convert(tmp_path, fmt, "iowa-electricity.csv", "--series-col", "source",
+    store = _convert(tmp_path, concept_format, "iowa-electricity.csv", "--series-col", "source",
                      "--time-col", "year", "--window", "5")
     assert store.num_windows("train") == 3 * (17 - 5 + 1)
     series = [g[["net_generation"]].to_numpy() for _, g in frame.groupby("source", sort=False)]

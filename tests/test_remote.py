@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import windowkit as wk
-from tests.conftest import collect_epoch, oracle_windows
+from tests.conftest import oracle_windows
 from windowkit.cli import main
 
 
@@ -27,49 +27,6 @@ def _series(lengths: list[int], seed: int = 0) -> list[np.ndarray]:
 
 def _upload(local: Path, url: str) -> None:
     fsspec.filesystem("s3").put(str(local), url.removeprefix("s3://"), recursive=True)
-
-
-def _sorted_rows(x: np.ndarray) -> np.ndarray:
-    flat = x.reshape(len(x), -1)
-    return flat[np.lexsort(flat.T[::-1])]
-
-
-def test_every_format_reads_from_s3_through_both_readers(tmp_path: Path, fmt: str,
-                                                         s3_bucket: str) -> None:
-    series = _series([700, 333, 90])
-    spec = wk.WindowSpec(8, stride=2, horizon=2)
-    local = wk.convert(series, tmp_path / "s", format=fmt, window=spec, block_rows=64,
-                       parts=2)
-    url = f"{s3_bucket}/stores/s"
-    _upload(local.path, url)
-    store = wk.open_store(url)
-    expected_x, expected_y = oracle_windows(series, spec)
-    x, y = store.windows("train", np.arange(store.num_windows("train")))
-    np.testing.assert_array_equal(x, expected_x)
-    np.testing.assert_array_equal(y, expected_y)
-    got_x, got_y = collect_epoch(store.tf_dataset("train", 64, shuffle=False))
-    np.testing.assert_array_equal(got_x, expected_x)
-    np.testing.assert_array_equal(got_y, expected_y)
-    shuffled, _ = collect_epoch(store.tf_dataset("train", 64, seed=3))
-    np.testing.assert_array_equal(_sorted_rows(shuffled), _sorted_rows(expected_x))
-    keras = store.keras_dataset("train", 64, seed=1)
-    batches = np.concatenate([keras[i][0] for i in range(len(keras))])
-    np.testing.assert_array_equal(_sorted_rows(batches), _sorted_rows(expected_x))
-    uniform, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2))
-    np.testing.assert_array_equal(_sorted_rows(uniform), _sorted_rows(expected_x))
-    # beyond memory: the rows downloaded once into a local spill, then read
-    # locally, in the order of the same permutation held in memory
-    held_budget = store.read_plan("train").rows_bytes()  # the rows fit once, not six times
-    held, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2,
-                                             memory_budget=held_budget))
-    spilled, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2,
-                                                memory_budget=4096))
-    assert held_budget > 4096
-    np.testing.assert_array_equal(spilled, held)
-    shards = [collect_epoch(store.tf_dataset("train", 64, num_shards=2, shard_index=i))[0]
-              for i in range(2)]
-    np.testing.assert_array_equal(_sorted_rows(np.concatenate(shards)),
-                                  _sorted_rows(expected_x))
 
 
 def test_inspect_and_verify_take_a_url(tmp_path: Path, s3_bucket: str) -> None:
@@ -144,34 +101,6 @@ def test_storage_options_reach_the_filesystem(tmp_path: Path, s3_bucket: str,
     assert store.num_windows("train") == 193
     with pytest.raises(wk.InvalidSpecError, match="storage_options apply to URLs only"):
         wk.open_store(local.path, storage_options=options)
-
-
-@pytest.fixture
-def mirror_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("WINDOWKIT_CACHE", str(cache))
-    return cache
-
-
-def test_every_format_converts_to_s3(tmp_path: Path, fmt: str, s3_bucket: str,
-                                     mirror_cache: Path) -> None:
-    series = _series([500, 120])
-    spec = wk.WindowSpec(6, horizon=1)
-    url = f"{s3_bucket}/out/{fmt}"
-    store = wk.convert(series, url, format=fmt, window=spec, block_rows=64)
-    assert str(store.path) == url
-    expected_x, expected_y = oracle_windows(series, spec)
-    x, y = wk.open_store(url).windows("train", np.arange(len(expected_x)))
-    np.testing.assert_array_equal(x, expected_x)
-    np.testing.assert_array_equal(y, expected_y)
-    local = wk.convert(series, tmp_path / "local", format=fmt, window=spec, block_rows=64)
-    fs = fsspec.filesystem("s3")
-    for entry in local.manifest.files:  # the same bytes as a local conversion
-        assert fs.cat(f"{url.removeprefix('s3://')}/{entry.path}") == (
-            local.path / entry.path).read_bytes()
-    assert not list(mirror_cache.glob("remote/*/*"))  # the mirror is gone after the upload
-    assert not fs.exists(url.removeprefix("s3://") + ".windowkit-partial")  # and the parts
-    assert not fs.exists(url.removeprefix("s3://") + ".windowkit-lock")
 
 
 def test_overwrite_rules_hold_for_a_remote_target(s3_bucket: str, mirror_cache: Path) -> None:
@@ -326,27 +255,6 @@ def test_bench_takes_a_url(tmp_path: Path, s3_bucket: str) -> None:
                                        "--batches", "5", "--warmup", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["run"]["windows_s"] > 0
-
-
-def test_a_replaced_remote_store_is_an_error(tmp_path: Path, fmt: str, s3_bucket: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reader asks for the manifest's ETag at most every REMOTE_CHECK_SECONDS;
-    once it does, a store replaced meanwhile is an error, not other rows."""
-    from windowkit import guard as manifest
-
-    series = _series([400, 300])
-    url = f"{s3_bucket}/replaced"
-    _upload(wk.convert(series, tmp_path / "a", format=fmt, window=8, block_rows=64).path, url)
-    store = wk.open_store(url)
-    reader = store.row_reader()
-    np.testing.assert_array_equal(reader.read_rows(0, 64), series[0][:64])
-    other = wk.convert(_series([400, 300], seed=1), tmp_path / "b", format=fmt, window=8,
-                       block_rows=64)
-    fsspec.filesystem("s3").rm(url.removeprefix("s3://"), recursive=True)
-    _upload(other.path, url)
-    monkeypatch.setattr(manifest, "REMOTE_CHECK_SECONDS", 0.0)
-    with pytest.raises(wk.StoreError, match="replaced while it was being read"):
-        reader.read_rows(64, 128)
 
 
 def test_remote_parquet_reads_a_files_footer_once(tmp_path: Path, s3_bucket: str,

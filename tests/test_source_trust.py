@@ -72,32 +72,32 @@ def _change(path: Path, how: str) -> Callable[[], None]:
     ("replace", "it was replaced by another file"),
     ("same-time", "the rows of part 1 read again differ from those written")])
 def test_a_source_changed_during_the_conversion_is_never_published(
-        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch, how: str,
+        tmp_path: Path, concept_format: str, monkeypatch: pytest.MonkeyPatch, how: str,
         message: str) -> None:
     (tmp_path / "src").mkdir()
     sources = _sources(tmp_path / "src")
     out = tmp_path / "store"
     with monkeypatch.context() as patch:
-        _after_parts(patch, fmt, 2, _change(sources[0], how))
+        _after_parts(patch, concept_format, 2, _change(sources[0], how))
         with pytest.raises(SourceChangedError) as raised:
-            _convert(sources, out, fmt)
+            _convert(sources, out, concept_format)
     assert str(raised.value).startswith(f"{sources[0]}: the source changed during the "
                                         f"conversion ({message}); nothing was published")
     assert not out.exists() and (_workspace(out) / "_resume").is_dir(), "workspace not kept"
-    store = _convert(sources, out, fmt)  # the same command: the source as it is now
-    assert _tree(store.path) == _tree(_convert(sources, tmp_path / "fresh", fmt).path)
+    store = _convert(sources, out, concept_format)  # the same command: the source as it is now
+    assert _tree(store.path) == _tree(_convert(sources, tmp_path / "fresh", concept_format).path)
     assert verify_store(out) == []
 
 
 def test_a_table_changed_during_the_conversion_is_one_line(
-        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, concept_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
     table = tmp_path / "t.csv"
     table.write_text(_long([("a", t, str(t)) for t in range(600)]
                            + [("b", t, "2.5") for t in range(600)]))
     out = tmp_path / "store"
-    _after_parts(monkeypatch, fmt, 1, lambda: table.write_text(
+    _after_parts(monkeypatch, concept_format, 1, lambda: table.write_text(
         table.read_text().replace("2.5", "3.5")))
-    result = CliRunner().invoke(main, ["convert", str(table), "--format", fmt, "--out",
+    result = CliRunner().invoke(main, ["convert", str(table), "--format", concept_format, "--out",
                                        str(out), "--window", "8", "--series-col", "id",
                                        "--time-col", "t", "--block-rows", "64", "-q",
                                        "--parts", "4"])
@@ -107,7 +107,8 @@ def test_a_table_changed_during_the_conversion_is_one_line(
 
 
 def test_an_object_rewritten_on_s3_during_the_conversion_is_refused(
-        tmp_path: Path, fmt: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, concept_format: str, s3_bucket: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import fsspec
 
     fs = fsspec.filesystem("s3")
@@ -118,11 +119,11 @@ def test_an_object_rewritten_on_s3_during_the_conversion_is_refused(
         urls.append(f"{s3_bucket}/{path.name}")
     changed = tmp_path / "src" / "changed.npy"
     np.save(changed, np.ones((3000, 3), np.float32))
-    _after_parts(monkeypatch, fmt, 2, lambda: fs.put(str(changed), urls[0]))
+    _after_parts(monkeypatch, concept_format, 2, lambda: fs.put(str(changed), urls[0]))
     out = tmp_path / "store"
     with pytest.raises(SourceChangedError, match=f"{urls[0]}: the source changed during the "
                        "conversion \\(it was written again: its ETag changed\\)"):
-        wk.convert(urls, out, format=fmt, window=wk.WindowSpec(8, horizon=2),
+        wk.convert(urls, out, format=concept_format, window=wk.WindowSpec(8, horizon=2),
                    block_rows=128, parts=6)
     assert not out.exists() and _workspace(out).is_dir()
 
@@ -185,13 +186,13 @@ REFUSED = [  # (make source, options, message)
 @pytest.mark.parametrize(("make", "options", "message"), REFUSED,
                          ids=[f"{i}-{c[2].split(':')[0]}" for i, c in enumerate(REFUSED)])
 def test_what_a_store_cannot_hold_is_refused_before_writing(
-        tmp_path: Path, fmt: str, make: Callable[[Path], Path], options: list[str],
+        tmp_path: Path, concept_format: str, make: Callable[[Path], Path], options: list[str],
         message: str) -> None:
     (tmp_path / "src").mkdir()
     source = make(tmp_path / "src")
     out = tmp_path / "out" / "store"
     started = time.monotonic()
-    result = CliRunner().invoke(main, ["convert", str(source), "--format", fmt, "--out",
+    result = CliRunner().invoke(main, ["convert", str(source), "--format", concept_format, "--out",
                                        str(out), "--window", "4", *options])
     assert time.monotonic() - started < 30, "it waited on the source"
     assert result.exit_code == 2, result.output
@@ -202,12 +203,12 @@ def test_what_a_store_cannot_hold_is_refused_before_writing(
 
 # -- read errors, full disks and memory: one line, the workspace kept ------------------------
 def test_a_fortran_source_truncated_mid_run_is_one_line(
-        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, concept_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
     source = tmp_path / "f.npy"
     np.save(source, np.asfortranarray(np.random.default_rng(0).normal(size=(4000, 3))))
     out = tmp_path / "store"
-    _after_parts(monkeypatch, fmt, 1, lambda: os.truncate(source, 20_000))
-    result = CliRunner().invoke(main, ["convert", str(source), "--format", fmt, "--out",
+    _after_parts(monkeypatch, concept_format, 1, lambda: os.truncate(source, 20_000))
+    result = CliRunner().invoke(main, ["convert", str(source), "--format", concept_format, "--out",
                                        str(out), "--window", "8", "--block-rows", "256",
                                        "--parts", "4", "-q"])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
@@ -232,13 +233,13 @@ def _raise(exc: BaseException) -> Callable[[], None]:
      "writing part 1; the finished parts are kept: make room and run the same command "
      "again to resume")])
 def test_memory_and_space_errors_are_one_line_and_keep_the_parts(
-        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch, exc: BaseException,
+        tmp_path: Path, concept_format: str, monkeypatch: pytest.MonkeyPatch, exc: BaseException,
         message: str) -> None:
     (tmp_path / "src").mkdir()
     sources = _sources(tmp_path / "src")
     out = tmp_path / "store"
-    _after_parts(monkeypatch, fmt, 1, _raise(exc))
-    result = CliRunner().invoke(main, ["convert", *map(str, sources), "--format", fmt,
+    _after_parts(monkeypatch, concept_format, 1, _raise(exc))
+    result = CliRunner().invoke(main, ["convert", *map(str, sources), "--format", concept_format,
                                        "--out", str(out), "--window", "8", "-q",
                                        "--block-rows", "128", "--parts", "6"])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
@@ -263,11 +264,11 @@ def _cli(*args: str, **popen: object) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_file_too_large_names_the_file_and_the_same_command_resumes(
-        tmp_path: Path, fmt: str) -> None:
+        tmp_path: Path, concept_format: str) -> None:
     source = tmp_path / "big.npy"
     np.save(source, np.random.default_rng(0).normal(size=(200_000, 4)).astype(np.float32))
     out = tmp_path / "store"
-    argv = ["convert", str(source), "--format", fmt, "--out", str(out), "--window", "8",
+    argv = ["convert", str(source), "--format", concept_format, "--out", str(out), "--window", "8",
             "--parts", "2", "-q"]
     failed = _cli(*argv, preexec_fn=_file_size_limit(200 << 10))
     first = failed.stderr.splitlines()[0] if failed.stderr else ""

@@ -35,10 +35,10 @@ def _check_split_windows(store: wk.Store, arrays: list[np.ndarray], split: str) 
         np.testing.assert_array_equal(y[i], arrays[series][start + SPEC.length:start + SPEC.span])
 
 
-def test_chronological_splits_do_not_leak(tmp_path: Path, fmt: str) -> None:
+def test_chronological_splits_do_not_leak(tmp_path: Path, concept_format: str) -> None:
     rng = np.random.default_rng(0)
     arrays = [rng.normal(size=(n, 3)).astype(np.float32) for n in (200, 57, 9, 120)]
-    store = wk.convert(arrays, tmp_path / "s", format=fmt, window=SPEC,
+    store = wk.convert(arrays, tmp_path / "s", format=concept_format, window=SPEC,
                        splits={"train": 0.7, "val": 0.15, "test": 0.15}, block_rows=32)
     assert set(store.splits) == {"train", "val", "test"}
     seen: set[tuple[int, int]] = set()
@@ -61,9 +61,9 @@ def test_chronological_splits_do_not_leak(tmp_path: Path, fmt: str) -> None:
     np.testing.assert_allclose(stats["min"], train.min(axis=0))
 
 
-def test_split_by_series_assigns_whole_series(tmp_path: Path, fmt: str) -> None:
+def test_split_by_series_assigns_whole_series(tmp_path: Path, concept_format: str) -> None:
     arrays = {f"s{i}": np.full((30, 2), i, dtype=np.float32) for i in range(20)}
-    store = wk.convert(arrays, tmp_path / "s", format=fmt, window=SPEC,
+    store = wk.convert(arrays, tmp_path / "s", format=concept_format, window=SPEC,
                        splits="train=0.6,val=0.4", split_by="series", seed=3)
     train = set(store.index("train")[:, 0].tolist())
     val = set(store.index("val")[:, 0].tolist())
@@ -71,20 +71,20 @@ def test_split_by_series_assigns_whole_series(tmp_path: Path, fmt: str) -> None:
     for split in ("train", "val"):  # whole series: every window of it
         assert store.num_windows(split) == len({"train": train, "val": val}[split]) * \
             SPEC.num_windows(30)
-    again = wk.convert(arrays, tmp_path / "again", format=fmt, window=SPEC,
+    again = wk.convert(arrays, tmp_path / "again", format=concept_format, window=SPEC,
                        splits="train=0.6,val=0.4", split_by="series", seed=3)
     assert set(again.index("train")[:, 0].tolist()) == train
-    other = wk.convert(arrays, tmp_path / "other", format=fmt, window=SPEC,
+    other = wk.convert(arrays, tmp_path / "other", format=concept_format, window=SPEC,
                        splits="train=0.6,val=0.4", split_by="series", seed=4)
     assert set(other.index("train")[:, 0].tolist()) != train
 
 
-def test_split_at_time_points(tmp_path: Path, fmt: str) -> None:
+def test_split_at_time_points(tmp_path: Path, concept_format: str) -> None:
     rng = np.random.default_rng(1)
     frame = pd.DataFrame([{"country": c, "year": y, "gdp": rng.normal()}
                           for c in ("AT", "BE", "CH") for y in range(1980, 2021)])
     frame.to_csv(tmp_path / "panel.csv", index=False)
-    store = wk.convert(tmp_path / "panel.csv", tmp_path / "s", format=fmt, window=SPEC,
+    store = wk.convert(tmp_path / "panel.csv", tmp_path / "s", format=concept_format, window=SPEC,
                        series_col="country", time_col="year", split_at="2000,2010")
     assert set(store.splits) == {"train", "val", "test"}
     years = frame.groupby("country", sort=False)["year"].apply(np.array).tolist()
@@ -121,7 +121,7 @@ def _context_oracle(rows: int, lo: int, hi: int, spec: wk.WindowSpec) -> list[in
     return [s for s in ok if s % S == 0]
 
 
-def test_history_context_counts_match_the_oracle(tmp_path: Path, fmt: str) -> None:
+def test_history_context_counts_match_the_oracle(tmp_path: Path, concept_format: str) -> None:
     """Every format: each series' validation and test windows are exactly the
     oracle's, their targets inside the split, and no validation or test target
     lies in a training window."""
@@ -130,7 +130,7 @@ def test_history_context_counts_match_the_oracle(tmp_path: Path, fmt: str) -> No
     lengths = (200, 57, 31, 120, 12)
     arrays = [rng.normal(size=(n, 2)).astype(np.float32) for n in lengths]
     fractions = {"train": 0.6, "val": 0.2, "test": 0.2}
-    store = wk.convert(arrays, tmp_path / "s", format=fmt, window=spec, splits=fractions,
+    store = wk.convert(arrays, tmp_path / "s", format=concept_format, window=spec, splits=fractions,
                        split_context="history", block_rows=32)
     cuts = np.cumsum([0.0, *fractions.values()])
     for split_k, split in enumerate(fractions):

@@ -1,7 +1,7 @@
 """The package's structure stays what the README's code layout says: no import
 cycle (lazy imports included), no branch on a format's name outside
-``formats/``, readers that never import the store, short functions, and no
-pointer to a document outside the repository."""
+``formats/``, readers that never import the store, short functions and
+classes, and no pointer to a document outside the repository."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import windowkit as wk
 
 PACKAGE = Path(wk.__file__).parent
 MAX_FUNCTION_LINES = 60  # of code, docstring left out
+MAX_CLASS_LINES = 200  # of code: docstrings, comments and blank lines left out
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -102,6 +103,33 @@ def test_functions_are_short(name: str) -> None:
             first = body[1].lineno if has_doc and len(body) > 1 else body[0].lineno
             lines = (node.end_lineno or first) - first + 1
             assert lines <= MAX_FUNCTION_LINES, f"{name}.{node.name}: {lines} lines of code"
+
+
+def _docstring_lines(node: ast.AST) -> set[int]:
+    """The lines of every docstring inside ``node``."""
+    lines: set[int] = set()
+    for inner in ast.walk(node):
+        body = getattr(inner, "body", None)
+        if (isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            lines.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_classes_are_small(name: str) -> None:
+    path = PACKAGE.parent / (name.replace(".", "/") + ".py")
+    if not path.exists():
+        path = PACKAGE.parent / name.replace(".", "/") / "__init__.py"
+    source = path.read_text().splitlines()
+    for node in ast.walk(_modules()[name]):
+        if isinstance(node, ast.ClassDef):
+            skip = _docstring_lines(node)
+            code = [n for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                    if n not in skip and source[n - 1].strip()
+                    and not source[n - 1].strip().startswith("#")]
+            assert len(code) <= MAX_CLASS_LINES, f"{name}.{node.name}: {len(code)} lines of code"
 
 
 def test_docstrings_point_at_nothing_outside_the_repository() -> None:

@@ -95,7 +95,7 @@ CASES = {  # name: (frame, series column, time column, features, window)
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("kind", ["csv", "parquet", "dataframe"])
-def test_real_looking_tables_give_the_oracle_windows(tmp_path: Path, fmt: str, case: str,
+def test_real_looking_tables_give_the_oracle_windows(tmp_path: Path, concept_format: str, case: str,
                                                      kind: str) -> None:
     make, series, time, features, spec = CASES[case]
     frame = make()
@@ -107,7 +107,8 @@ def test_real_looking_tables_give_the_oracle_windows(tmp_path: Path, fmt: str, c
         frame.to_parquet(source, index=False)
     else:
         source = frame
-    store = wk.convert(source, tmp_path / "store", format=fmt, window=spec, series_col=series,
+    store = wk.convert(source, tmp_path / "store", format=concept_format, window=spec,
+                       series_col=series,
                        time_col=time, columns=features)
     expected = _expected(frame, spec, series=series, time=time, features=features)
     assert store.num_windows("train") == len(expected)
@@ -124,11 +125,12 @@ def test_real_looking_tables_give_the_oracle_windows(tmp_path: Path, fmt: str, c
     assert store.manifest.series["gap_skipped_windows"] == unrestricted - len(expected)
 
 
-def test_max_gap_lets_windows_span_larger_steps(tmp_path: Path, fmt: str) -> None:
+def test_max_gap_lets_windows_span_larger_steps(tmp_path: Path, concept_format: str) -> None:
     frame = _sensor_log()
     frame.to_csv(tmp_path / "log.csv", index=False)
     result = CliRunner().invoke(main, [
-        "convert", str(tmp_path / "log.csv"), "--format", fmt, "--out", str(tmp_path / "s"),
+        "convert", str(tmp_path / "log.csv"), "--format", concept_format,
+        "--out", str(tmp_path / "s"),
         "--window", "16", "--series-col", "sensor", "--time-col", "time",
         "--columns", "temp,humidity", "--max-gap", "1min", "-q"])
     assert result.exit_code == 0, result.output
@@ -141,10 +143,10 @@ def test_max_gap_lets_windows_span_larger_steps(tmp_path: Path, fmt: str) -> Non
     assert "windows skipped" not in inspect.output
 
 
-def test_a_wide_csv_is_one_series(tmp_path: Path, fmt: str) -> None:
+def test_a_wide_csv_is_one_series(tmp_path: Path, concept_format: str) -> None:
     values = np.random.default_rng(0).normal(size=(200, 4))
     pd.DataFrame(values, columns=list("abcd")).to_csv(tmp_path / "wide.csv", index=False)
-    store = wk.convert(tmp_path / "wide.csv", tmp_path / "s", format=fmt, window=10)
+    store = wk.convert(tmp_path / "wide.csv", tmp_path / "s", format=concept_format, window=10)
     assert store.manifest.series["count"] == 1 and store.manifest.columns == list("abcd")
     np.testing.assert_allclose(_all_windows(store), oracle_windows([values], wk.WindowSpec(10))[0])
 
@@ -181,7 +183,8 @@ def _interleaved_log() -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("kind", ["csv", "parquet", "dataframe"])
-def test_interleaved_series_are_grouped_in_memory(tmp_path: Path, fmt: str, kind: str) -> None:
+def test_interleaved_series_are_grouped_in_memory(tmp_path: Path, concept_format: str,
+                                                  kind: str) -> None:
     frame = _interleaved_log()
     source: object = frame
     if kind == "csv":
@@ -191,7 +194,8 @@ def test_interleaved_series_are_grouped_in_memory(tmp_path: Path, fmt: str, kind
         source = tmp_path / "log.parquet"
         frame.to_parquet(source, index=False)
     spec = wk.WindowSpec(10, stride=4, horizon=1)
-    store = wk.convert(source, tmp_path / "s", format=fmt, window=spec, series_col="sensor",
+    store = wk.convert(source, tmp_path / "s", format=concept_format, window=spec,
+                       series_col="sensor",
                        time_col="time", columns=["value", "load"])
     # series in order of first appearance, each series' rows in table order
     table = pq.read_table(store.path / "series.parquet").to_pandas()

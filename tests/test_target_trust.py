@@ -26,8 +26,8 @@ from click.testing import CliRunner
 import windowkit as wk
 from tests.conftest import oracle_windows
 from tests.test_data_safety import _cli_convert, _one_line_error, _snapshot
-from tests.test_remote import _series, mirror_cache  # noqa: F401 (a fixture)
-from tests.test_safety import SPEC, _convert, _sources
+from tests.test_remote import _series
+from tests.test_safety import SPEC, _convert
 from windowkit.cli import main
 from windowkit.conversion import _pipeline, _remote
 from windowkit.errors import carried_error
@@ -37,12 +37,6 @@ from windowkit.verify import verify_store
 FORGED = {"format_version": 2, "files": [{"path": "thesis.txt"}]}
 
 
-@pytest.fixture
-def sources(tmp_path: Path) -> list[Path]:
-    (tmp_path / "src").mkdir()
-    return _sources(tmp_path / "src")
-
-
 def _s3(url: str) -> str:
     return url.removeprefix("s3://")
 
@@ -50,13 +44,13 @@ def _s3(url: str) -> str:
 # -- local targets ------------------------------------------------------------------------
 def test_a_forged_manifest_is_refused_and_nothing_is_deleted(tmp_path: Path,
                                                              sources: list[Path],
-                                                             fmt: str) -> None:
+                                                             concept_format: str) -> None:
     forged = tmp_path / "forged"
     forged.mkdir()
     (forged / "thesis.txt").write_text("thesis\n")
     (forged / "windowkit.json").write_text(json.dumps(FORGED))
     before = _snapshot(forged)
-    result = _cli_convert(sources, forged, fmt, "--overwrite")
+    result = _cli_convert(sources, forged, concept_format, "--overwrite")
     _one_line_error(result, str(forged), "windowkit.json does not open as one",
                     "nothing was changed")
     assert _snapshot(forged) == before
@@ -64,11 +58,11 @@ def test_a_forged_manifest_is_refused_and_nothing_is_deleted(tmp_path: Path,
 
 
 def test_a_valid_manifest_listing_a_users_file_does_not_delete_it(
-        tmp_path: Path, sources: list[Path], fmt: str, caplog: pytest.LogCaptureFixture
+        tmp_path: Path, sources: list[Path], concept_format: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A real store's manifest edited to list the user's file (a digest the file
     does not have): the old store is replaced, the user's file kept and named."""
-    store = _convert(sources, tmp_path / "store", fmt)
+    store = _convert(sources, tmp_path / "store", concept_format)
     thesis = store.path / "thesis.txt"
     thesis.write_text("three years of work")
     manifest = json.loads((store.path / "windowkit.json").read_text())
@@ -77,7 +71,7 @@ def test_a_valid_manifest_listing_a_users_file_does_not_delete_it(
     (store.path / "windowkit.json").write_text(json.dumps(manifest))
     wk.open_store(store.path)  # it opens: the same rules as --overwrite's
     with caplog.at_level(logging.WARNING, logger="windowkit"):
-        result = _cli_convert(sources[:2], store.path, fmt, "--overwrite")
+        result = _cli_convert(sources[:2], store.path, concept_format, "--overwrite")
     assert result.exit_code == 0, result.output
     assert "kept 'thesis.txt' of the replaced store" in caplog.text
     [retired] = tmp_path.glob(".store.windowkit-old-*")
@@ -87,23 +81,23 @@ def test_a_valid_manifest_listing_a_users_file_does_not_delete_it(
 
 
 def test_a_listed_file_the_user_changed_is_kept(tmp_path: Path, sources: list[Path],
-                                                fmt: str, caplog: pytest.LogCaptureFixture
-                                                ) -> None:
+                                                concept_format: str,
+                                                caplog: pytest.LogCaptureFixture) -> None:
     """Changed size: refused before anything is touched. Same size, other bytes
     (seen only by its SHA-256, at deletion): kept and named in a warning."""
-    store = _convert(sources, tmp_path / "store", fmt)
+    store = _convert(sources, tmp_path / "store", concept_format)
     series = store.path / "series.parquet"
     original = series.read_bytes()
     series.write_bytes(original + b"mine")
     before = _snapshot(store.path)
-    _one_line_error(_cli_convert(sources, store.path, fmt, "--overwrite"),
+    _one_line_error(_cli_convert(sources, store.path, concept_format, "--overwrite"),
                     "'series.parquet' was changed since windowkit wrote it",
                     "nothing was changed")
     assert _snapshot(store.path) == before
     edited = bytes([original[0] ^ 1]) + original[1:]
     series.write_bytes(edited)
     with caplog.at_level(logging.WARNING, logger="windowkit"):
-        result = _cli_convert(sources[:2], store.path, fmt, "--overwrite")
+        result = _cli_convert(sources[:2], store.path, concept_format, "--overwrite")
     assert result.exit_code == 0, result.output
     assert "kept 'series.parquet' of the replaced store" in caplog.text
     [retired] = tmp_path.glob(".store.windowkit-old-*")
@@ -149,21 +143,22 @@ def _unopenable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_manifest_that_would_not_open_is_not_published(
-        tmp_path: Path, sources: list[Path], fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    old = _convert(sources, tmp_path / "store", fmt)
+        tmp_path: Path, sources: list[Path], concept_format: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _convert(sources, tmp_path / "store", concept_format)
     before = _snapshot(old.path)
     _unopenable(monkeypatch)
     with pytest.raises(wk.StoreError, match=r"step_shape.*nothing was published"):
-        _convert(sources[:2], tmp_path / "store", fmt, overwrite=True)
+        _convert(sources[:2], tmp_path / "store", concept_format, overwrite=True)
     with pytest.raises(wk.StoreError, match="nothing was published"):
-        _convert(sources, tmp_path / "new", fmt)
+        _convert(sources, tmp_path / "new", concept_format)
     assert _snapshot(old.path) == before
     assert not os.path.lexists(tmp_path / "new")
 
 
 # -- object storage -----------------------------------------------------------------------
 def test_a_forged_remote_manifest_is_refused_and_nothing_is_deleted(
-        s3_bucket: str, mirror_cache: Path) -> None:  # noqa: F811
+        s3_bucket: str, mirror_cache: Path) -> None:
     url = f"{s3_bucket}/forged"
     fs = fsspec.filesystem("s3")
     fs.pipe(f"{_s3(url)}/thesis.txt", b"thesis\n")
@@ -178,11 +173,11 @@ def test_a_forged_remote_manifest_is_refused_and_nothing_is_deleted(
     assert fs.cat(f"{_s3(url)}/thesis.txt") == b"thesis\n"
 
 
-def test_a_remote_object_the_user_changed_is_refused(s3_bucket: str, fmt: str,
-                                                     mirror_cache: Path) -> None:  # noqa: F811
+def test_a_remote_object_the_user_changed_is_refused(s3_bucket: str, concept_format: str,
+                                                     mirror_cache: Path) -> None:
     url = f"{s3_bucket}/s"
     series = _series([300, 200])
-    wk.convert(series, url, format=fmt, window=8, block_rows=64)
+    wk.convert(series, url, format=concept_format, window=8, block_rows=64)
     fs = fsspec.filesystem("s3")
     key = f"{_s3(url)}/series.parquet"
     original = fs.cat(key)
@@ -190,15 +185,15 @@ def test_a_remote_object_the_user_changed_is_refused(s3_bucket: str, fmt: str,
         fs.pipe(key, changed)
         before = {name: fs.cat(name) for name in fs.find(_s3(s3_bucket))}
         with pytest.raises(wk.StoreExistsError, match=r"'series\.parquet' was changed since"):
-            wk.convert(series[:1], url, format=fmt, window=8, overwrite=True)
+            wk.convert(series[:1], url, format=concept_format, window=8, overwrite=True)
         assert {name: fs.cat(name) for name in fs.find(_s3(s3_bucket))} == before
     fs.pipe(key, original)
-    store = wk.convert(series[:1], url, format=fmt, window=8, overwrite=True)
+    store = wk.convert(series[:1], url, format=concept_format, window=8, overwrite=True)
     assert store.manifest.series["count"] == 1
 
 
 @pytest.mark.parametrize("root", ["", "/"])
-def test_a_bucket_root_is_refused_in_one_line(s3_bucket: str, mirror_cache: Path,  # noqa: F811
+def test_a_bucket_root_is_refused_in_one_line(s3_bucket: str, mirror_cache: Path,
                                               root: str) -> None:
     npy = mirror_cache.parent / "s0.npy"
     np.save(npy, np.arange(300, dtype=np.float32).reshape(100, 3))
@@ -210,7 +205,7 @@ def test_a_bucket_root_is_refused_in_one_line(s3_bucket: str, mirror_cache: Path
 
 
 def test_a_remote_manifest_that_would_not_open_is_not_published(
-        s3_bucket: str, mirror_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        s3_bucket: str, mirror_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"{s3_bucket}/s"
     _unopenable(monkeypatch)
     with pytest.raises(wk.StoreError, match="nothing was published"):
@@ -232,7 +227,7 @@ def _tf_epoch(dataset: Any) -> np.ndarray:
 
 
 def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
-        s3_bucket: str, fmt: str, mirror_cache: Path,  # noqa: F811
+        s3_bucket: str, concept_format: str, mirror_cache: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Paused after the new store is uploaded, just before its manifest is
     written: a reader of the old store reads exactly the old windows, and
@@ -245,7 +240,7 @@ def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
     old, new = _series([300, 200]), _series([250], seed=1)
     spec = wk.WindowSpec(8)
     old_windows, new_windows = oracle_windows(old, spec)[0], oracle_windows(new, spec)[0]
-    first = wk.convert(old, url, format=fmt, window=8, block_rows=64)
+    first = wk.convert(old, url, format=concept_format, window=8, block_rows=64)
     assert first.manifest.root == ""  # a first conversion: today's layout
     reader = wk.open_store(url).keras_dataset("train", batch_size=64, shuffle=False)
     graph = wk.open_store(url).tf_dataset("train", batch_size=64, shuffle=False)
@@ -263,7 +258,7 @@ def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
         commit(*args)
 
     monkeypatch.setattr(_remote, "commit", paused_commit)
-    store = wk.convert(new, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    store = wk.convert(new, url, format=concept_format, window=8, block_rows=64, overwrite=True)
     assert len(paused) == 1 and paused[0].manifest.store_id == first.manifest.store_id
     assert store.manifest.root == f"g-{store.manifest.store_id[:16]}"
     monkeypatch.setattr(manifest_module, "REMOTE_CHECK_SECONDS", 0.0)
@@ -278,9 +273,9 @@ def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
     assert set(fsspec.filesystem("s3").find(_s3(s3_bucket))) == listed | {
         f"{_s3(url)}/windowkit.json"}
     monkeypatch.setattr(_remote, "commit", commit)  # the same store again: another folder
-    again = wk.convert(old, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    again = wk.convert(old, url, format=concept_format, window=8, block_rows=64, overwrite=True)
     assert again.manifest.root == f"g-{first.manifest.store_id[:16]}"
-    same = wk.convert(old, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    same = wk.convert(old, url, format=concept_format, window=8, block_rows=64, overwrite=True)
     assert same.manifest.root == f"g-{first.manifest.store_id[16:]}"  # never its own folder
     np.testing.assert_array_equal(same.windows("train", np.arange(len(old_windows))),
                                   old_windows)
@@ -291,7 +286,7 @@ def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
 
 @pytest.mark.parametrize("killed", ["before the swap", "after the swap"])
 def test_an_interrupted_replacement_keeps_a_store_and_the_same_command_finishes_it(
-        s3_bucket: str, fmt: str, mirror_cache: Path,  # noqa: F811
+        s3_bucket: str, concept_format: str, mirror_cache: Path,
         monkeypatch: pytest.MonkeyPatch, killed: str) -> None:
     """A replacement killed before its manifest leaves the old store opening and
     reading; one killed after it, the new store. Either way the same command
@@ -299,7 +294,7 @@ def test_an_interrupted_replacement_keeps_a_store_and_the_same_command_finishes_
     url = f"{s3_bucket}/s"
     old, new = _series([300, 200]), _series([250], seed=1)
     spec = wk.WindowSpec(8)
-    wk.convert(old, url, format=fmt, window=8, block_rows=64)
+    wk.convert(old, url, format=concept_format, window=8, block_rows=64)
     commit = _remote.commit
 
     def interrupted(*args: Any) -> None:
@@ -309,13 +304,13 @@ def test_an_interrupted_replacement_keeps_a_store_and_the_same_command_finishes_
 
     monkeypatch.setattr(_remote, "commit", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        wk.convert(new, url, format=fmt, window=8, block_rows=64, overwrite=True)
+        wk.convert(new, url, format=concept_format, window=8, block_rows=64, overwrite=True)
     monkeypatch.setattr(_remote, "commit", commit)
     now = old if killed == "before the swap" else new
     expected = oracle_windows(now, spec)[0]
     np.testing.assert_array_equal(
         wk.open_store(url).windows("train", np.arange(len(expected))), expected)
-    store = wk.convert(new, url, format=fmt, window=8, block_rows=64, overwrite=True)
+    store = wk.convert(new, url, format=concept_format, window=8, block_rows=64, overwrite=True)
     expected = oracle_windows(new, spec)[0]
     np.testing.assert_array_equal(store.windows("train", np.arange(len(expected))), expected)
     listed = {f"{_s3(url)}/{key}" for key in store.manifest.file_keys()}
@@ -325,7 +320,7 @@ def test_an_interrupted_replacement_keeps_a_store_and_the_same_command_finishes_
 
 
 def test_a_first_remote_store_being_published_says_so(
-        s3_bucket: str, fmt: str, mirror_cache: Path,  # noqa: F811
+        s3_bucket: str, concept_format: str, mirror_cache: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Paused before the manifest of a first conversion: opening says a
     conversion is publishing the store (never "corrupt"); then it opens."""
@@ -340,16 +335,16 @@ def test_a_first_remote_store_being_published_says_so(
         commit(*args)
 
     monkeypatch.setattr(_remote, "commit", paused_commit)
-    store = wk.convert(_series([300]), url, format=fmt, window=8, block_rows=64)
+    store = wk.convert(_series([300]), url, format=concept_format, window=8, block_rows=64)
     assert len(seen) == 1 and "a conversion is publishing one here" in seen[0], seen
     assert store.manifest.root == "" and store.num_windows("train") > 0
 
 
 def test_a_manifest_root_must_be_one_folder_of_the_store(tmp_path: Path, sources: list[Path],
-                                                          fmt: str) -> None:
+                                                          concept_format: str) -> None:
     """A local store keeps its layout (no ``root`` in its manifest); a ``root``
     that is not one plain folder name is refused when opening."""
-    store = _convert(sources, tmp_path / "s", fmt)
+    store = _convert(sources, tmp_path / "s", concept_format)
     path = store.path / "windowkit.json"
     raw = json.loads(path.read_text())
     assert "root" not in raw and store.root == store.path
@@ -431,7 +426,7 @@ def test_a_lock_taken_over_meanwhile_is_never_deleted(
 
 
 def test_a_stale_lock_is_taken_over_by_one_conversion(s3_bucket: str,
-                                                      mirror_cache: Path) -> None:  # noqa: F811
+                                                      mirror_cache: Path) -> None:
     url = f"{s3_bucket}/s"
     lock = _plant_stale_lock(url)
     series = _series([200])

@@ -37,11 +37,12 @@ def _oracle(frame: pd.DataFrame, targets: list[int]) -> tuple[np.ndarray, np.nda
     return x, y[:, :, targets]
 
 
-def test_targets_hold_only_the_target_columns(tmp_path: Path, fmt: str) -> None:
+def test_targets_hold_only_the_target_columns(tmp_path: Path, concept_format: str) -> None:
     frame = _grid()
     frame.to_csv(tmp_path / "grid.csv", index=False)
     result = CliRunner().invoke(main, [
-        "convert", str(tmp_path / "grid.csv"), "--format", fmt, "--out", str(tmp_path / "s"),
+        "convert", str(tmp_path / "grid.csv"), "--format", concept_format,
+        "--out", str(tmp_path / "s"),
         "--window", "8", "--stride", "3", "--horizon", "4", "--series-col", "region",
         "--time-col", "hour", "--target-columns", "price,load", "--block-rows", "16", "-q"])
     assert result.exit_code == 0, result.output
@@ -69,9 +70,11 @@ def test_targets_hold_only_the_target_columns(tmp_path: Path, fmt: str) -> None:
     assert "target columns   price, load" in shown.output
 
 
-def test_normalized_targets_use_their_own_columns_statistics(tmp_path: Path, fmt: str) -> None:
+def test_normalized_targets_use_their_own_columns_statistics(tmp_path: Path,
+                                                             concept_format: str) -> None:
     frame = _grid()
-    store = wk.convert(frame, tmp_path / "s", format=fmt, window=SPEC, series_col="region",
+    store = wk.convert(frame, tmp_path / "s", format=concept_format, window=SPEC,
+                       series_col="region",
                        time_col="hour", target_columns=["wind"])
     stats = store.manifest.normalization
     assert stats is not None

@@ -51,9 +51,10 @@ def _falls(losses: list[float], factor: float = 0.5) -> bool:
     return bool(np.isfinite(losses).all() and losses[-1] < factor * losses[0])
 
 
-def test_lstm_autoencoder_reverses_windows_with_gradient_tape(fmt: str, tmp_path: Path) -> None:
+def test_lstm_autoencoder_reverses_windows_with_gradient_tape(concept_format: str,
+                                                              tmp_path: Path) -> None:
     keras.utils.set_random_seed(0)
-    store = wk.convert(_waves(8, 160, seed=0), tmp_path / "waves", format=fmt, window=12,
+    store = wk.convert(_waves(8, 160, seed=0), tmp_path / "waves", format=concept_format, window=12,
                        block_rows=64)
     ds = store.tf_dataset("train", 64, seed=0)
     length, features = 12, 3
@@ -100,11 +101,11 @@ def _next_frame_model() -> keras.Model:
 
 
 @pytest.mark.parametrize("reader", ["keras", "tf"])
-def test_next_frame_prediction_with_fit(fmt: str, tmp_path: Path, reader: str) -> None:
+def test_next_frame_prediction_with_fit(concept_format: str, tmp_path: Path, reader: str) -> None:
     keras.utils.set_random_seed(0)
-    train = wk.convert(_moving_blobs(6, 80, seed=1), tmp_path / "train", format=fmt,
+    train = wk.convert(_moving_blobs(6, 80, seed=1), tmp_path / "train", format=concept_format,
                        window=FRAME_SPEC, block_rows=32)
-    held_out = wk.convert(_moving_blobs(2, 80, seed=2), tmp_path / "val", format=fmt,
+    held_out = wk.convert(_moving_blobs(2, 80, seed=2), tmp_path / "val", format=concept_format,
                           window=FRAME_SPEC, block_rows=32)
     if reader == "keras":
         data = train.keras_dataset("train", 32, seed=0)

@@ -32,8 +32,8 @@ def _sorted(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture
-def store(tmp_path: Path, fmt: str) -> wk.Store:
-    return wk.convert(_tagged([700, 333, 900, 50, 400, 610]), tmp_path / "s", format=fmt,
+def store(tmp_path: Path, concept_format: str) -> wk.Store:
+    return wk.convert(_tagged([700, 333, 900, 50, 400, 610]), tmp_path / "s", format=concept_format,
                       window=wk.WindowSpec(8, horizon=2), block_rows=64)
 
 
@@ -97,14 +97,8 @@ def test_shuffle_takes_only_its_documented_values(store: wk.Store, value: object
 
 
 # -- 3. sharded reading -------------------------------------------------------------------
-# the fast suite runs each format and each mode once; `make test-slow` runs the rest
-FAST_IDS = {
-    "test_an_iterator_resumes_in_a_new_process": {"zarr-blocks", "tfrecord-global",
-                                                  "parquet-spilled"},
-    "test_multi_worker_mirrored_strategy_reads_every_window_once": {"zarr-blocks",
-                                                                    "tfrecord-global"},
-    "test_mirrored_strategy_reads_every_window_once": {"parquet-blocks", "zarr-global"},
-}
+# each mode runs once, on the concept format (tests/conftest.py): sharding and
+# resuming are the same for every format (reading by each format: FormatTests)
 
 
 @pytest.mark.parametrize("shuffle", [True, False, "global"])
@@ -301,12 +295,13 @@ _RESUME = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("mode", ["blocks", "global", "spilled"])
-def test_an_iterator_resumes_in_a_new_process(tmp_path: Path, fmt: str, mode: str) -> None:
+def test_an_iterator_resumes_in_a_new_process(tmp_path: Path, concept_format: str,
+                                              mode: str) -> None:
     """Saved after k batches (in the second epoch), restored in a new process: the
     same batches as an uninterrupted run; the checkpoint holds positions, not
     the batches in flight; and symbolic checkpointing logs no warning (a
     stateful row reader would make it log one for every group read)."""
-    store = wk.convert(_tagged([300, 260, 410]), tmp_path / "s", format=fmt, window=8,
+    store = wk.convert(_tagged([300, 260, 410]), tmp_path / "s", format=concept_format, window=8,
                        block_rows=32)
     per_epoch = -(-store.num_windows("train") // 16)
     script = tmp_path / "resume.py"

@@ -16,13 +16,14 @@ import windowkit as wk
 from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
-from windowkit.readers._global import choose_shuffle, uniform_source
-from windowkit.readers._random import (
+from windowkit.readers.numpy_engine.held import (
     BUDGET_CAP,
     BUDGET_FLOOR,
     UniformOrder,
     default_memory_budget,
+    uniform_source,
 )
+from windowkit.readers.options import choose_shuffle
 
 SPEC = wk.WindowSpec(length=6, horizon=2, stride=2)
 TINY = 4096  # bytes: far below any test store's rows, so they are spilled
@@ -75,9 +76,9 @@ def test_spilled_equals_in_memory(numbered_store: tuple[wk.Store, list[np.ndarra
     store, _ = numbered_store
     plan = store.read_plan("train")
     held = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=1 << 30,
-                          parts=plan.store.parts(True))
+                          fields=plan.store.fields(True))
     spilled = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=TINY,
-                             parts=plan.store.parts(True))
+                             fields=plan.store.fields(True))
     assert not held.held.spilled and spilled.held.spilled
     for index in (0, 3, -(-plan.num_windows // 50) - 1):
         a, b = held.batch(99, index), spilled.batch(99, index)
@@ -106,7 +107,7 @@ def test_normalized_dict_batches_match_random_access(
     store, _ = numbered_store
     plan = store.read_plan("train")
     source = uniform_source(plan, batch_size=40, seed=5, normalize=True, memory_budget=TINY,
-                            parts=plan.store.parts(True))
+                            fields=plan.store.fields(True))
     key = source.order.epoch_key(1)
     starts, _ = source.order.starts(key, 40, 80)  # batch 1
     every = plan.runs.global_starts(np.arange(plan.num_windows))  # ascending

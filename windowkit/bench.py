@@ -4,7 +4,7 @@ The reader runs for a few warm-up batches (at most a quarter of an epoch, so
 that a small split is timed too), then is timed batch by batch the way a
 training loop consumes it, epoch after epoch when more batches are asked for
 than an epoch holds. A batch is whatever the reader yields: an array, or a
-dict of parts (``inputs``, ``future_known``, ``static``, ``series``), with
+dict of fields (``inputs``, ``future_known``, ``static``, ``series``), with
 its targets; its bytes are those of every part. Its stages are then timed
 alone on the same store: *read + decode* (the storage blocks the epoch needs,
 as the reader loads them) and *gather* (cutting batches of windows from
@@ -33,6 +33,7 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError, WindowkitError
 from windowkit.formats import RowReader
+from windowkit.readers.options import BatchOptions, ShuffleOptions
 from windowkit.readers.plan import StoreAccess
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def _time_elements(items: Any, limit: int | None, size: Any) -> Stage:
 
 
 def _leaves(batch: Any) -> list[Any]:
-    """The arrays of a batch: ``x`` (an array, or a dict of parts) and ``y``."""
+    """The arrays of a batch: ``x`` (an array, or a dict of fields) and ``y``."""
     if isinstance(batch, dict):
         return [leaf for value in batch.values() for leaf in _leaves(value)]
     if isinstance(batch, (tuple, list)):
@@ -168,7 +169,7 @@ def _nbytes(array: Any) -> int:
 
 
 def _batch_size_of(batch: Any) -> tuple[int, int]:
-    """Windows in a batch, and the bytes of all its parts (inputs, known-future
+    """Windows in a batch, and the bytes of all its fields (inputs, known-future
     values, static features, series ids, targets)."""
     leaves = _leaves(batch)
     return int(leaves[0].shape[0]), sum(_nbytes(leaf) for leaf in leaves)
@@ -220,13 +221,13 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
     import tensorflow as tf
 
     from windowkit.readers import DEFAULT_CACHE_BYTES
-    from windowkit.readers._groups import block_groups
     from windowkit.readers.tf import batch_cutter
+    from windowkit.readers.tfdata_engine.groups import block_groups
 
     plan = store.read_plan(split)  # the read + decode stage, alone
-    parts = plan.store.parts(False)  # the reader's batches: dict parts where the store has them
+    fields = plan.store.fields(False)  # the reader's batches: dict fields where the store has them
     blocks = block_groups(plan, shuffle=True, seed=seed, shuffle_blocks=None,
-                          cache_bytes=DEFAULT_CACHE_BYTES, with_series=parts.series)
+                          cache_bytes=DEFAULT_CACHE_BYTES, with_series=fields.series)
     first: list[Any] = []
 
     def group_size(element: Any) -> tuple[int, int]:
@@ -241,7 +242,7 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
         limit = batches or GATHER_BATCHES
         repeat = 2 + (limit + 1) * batch_size // int(tf.size(first[0][1]))
         cut = tf.data.Dataset.from_tensors(tuple(first[0])).repeat(repeat).flat_map(
-            batch_cutter(store.spec, batch_size, None, plan.store.target_index, parts))
+            batch_cutter(store.spec, batch_size, None, plan.store.target_index, fields))
         gather = _time_elements(_skip(cut, 1), limit, _batch_size_of)
         gather.name = "gather"
     return [read, gather]
@@ -255,9 +256,9 @@ def _keras_stages(store: Store, split: str, batch_size: int, seed: int,
     pool = gather.pool
     size = pool.block_rows
     block_first = np.arange(pool.num_blocks, dtype=np.int64) * size
-    row_splits, _, _ = store.runs(split).runs_per_block(
+    blocks = store.runs(split).runs_per_block(
         block_first, np.minimum(size, pool.total_rows - block_first))
-    useful = np.flatnonzero(np.diff(row_splits) > 0)
+    useful = np.flatnonzero(np.diff(blocks.row_splits) > 0)
     rng = np.random.default_rng(seed)
     loads = (pool.reader.read_rows(int(b) * size, min(pool.total_rows, int(b) * size
                                                       + pool.slot_rows))
@@ -297,7 +298,7 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
     """How many series and storage blocks one epoch's batches of ``reader``
     (with ``shuffle``, one of :data:`SHUFFLES`) hold, next to a uniform
     permutation of the same windows."""
-    from windowkit.readers._global import choose_shuffle
+    from windowkit.readers.options import choose_shuffle
 
     plan = store.read_plan(split)
     layout = replace(plan.layout, dtype=np.dtype(np.float64), step_shape=(1,))
@@ -308,22 +309,22 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
     # of blocks, which they size, are those of the real store
     scale = layout.row_bytes / plan.layout.row_bytes
     real = choose_shuffle(plan, SHUFFLES[shuffle])  # what the real store's reader does
-    cache_bytes = max(1, int(real.cache_bytes * scale))
-    budget = max(1, int(real.memory_budget * scale))
-    mode = SHUFFLES[shuffle]
+    # the same mode on the stand-in: uniform ones as "global" (uniform at any
+    # budget), block groups as "blocks" (their size from the scaled budget)
+    same: dict[str, bool | str] = {"whole": "global", "uniform": "global", "blocks": "blocks",
+                                   "ordered": False}
+    order = ShuffleOptions(same[real.mode], seed=seed,
+                           memory_budget=max(1, int(real.memory_budget * scale)),
+                           cache_bytes=max(1, int(real.cache_bytes * scale)))
+    batch = BatchOptions(batch_size, drop_remainder=True)
     if reader == "tf":
         from windowkit.readers.tf import tf_dataset
 
-        ds = tf_dataset(numbered, batch_size=batch_size, shuffle=mode, seed=seed,
-                        drop_remainder=True, normalize=False, shuffle_blocks=None,
-                        cache_bytes=cache_bytes, memory_budget=budget)
-        batches: Any = iter(ds)
+        batches: Any = iter(tf_dataset(numbered, batch, order))
     else:
         from windowkit.readers.keras import WindowPyDataset
 
-        keras_ds = WindowPyDataset(numbered, batch_size, shuffle=mode, seed=seed,
-                                   drop_remainder=True, cache_bytes=cache_bytes,
-                                   memory_budget=budget)
+        keras_ds = WindowPyDataset(numbered, batch, order)
         batches = (keras_ds[i] for i in range(len(keras_ds)))
     firsts = [np.asarray(b[0] if isinstance(b, tuple) else b)[:, 0, 0] for b in batches]
     if not firsts:
@@ -467,7 +468,7 @@ def _stage_lines(report: BenchReport) -> list[str]:
 
 def shuffle_mode(store: Store, split: str, shuffle: str) -> tuple[str, int]:
     """What ``shuffle`` does on ``split`` at the default memory budget, and that budget."""
-    from windowkit.readers._global import choose_shuffle
+    from windowkit.readers.options import choose_shuffle
 
     plan = store.read_plan(split)
     choice = choose_shuffle(plan, SHUFFLES[shuffle])

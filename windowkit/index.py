@@ -245,23 +245,6 @@ class WindowRuns:
         series, start = self.locate(positions)
         return self.row_offset[series] + start, series.astype(np.int32)
 
-    def starts_between(self, low: int, high: int) -> np.ndarray:
-        """Global starts ``g`` with ``low <= g < high``, ascending, vectorized."""
-        gfirst, glast = self.global_first, self.global_last
-        lo = np.searchsorted(glast, low, side="left")
-        hi = np.searchsorted(gfirst, high, side="left")
-        if hi <= lo:
-            return np.empty(0, dtype=np.int64)
-        first = gfirst[lo:hi]
-        count = self.count[lo:hi]
-        k_lo = np.clip(-((first - low) // self.stride), 0, count)
-        k_hi = np.clip(-((first - high) // self.stride), 0, count)
-        n = k_hi - k_lo
-        total = int(n.sum())
-        run_start = np.repeat(first + k_lo * self.stride, n)
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-        return run_start + within * self.stride
-
     def _runs_in_ranges(self, low: np.ndarray, high: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For row ranges ``[low[i], high[i])`` (ascending, disjoint): the pieces
@@ -291,66 +274,38 @@ class WindowRuns:
                           count=(k_hi - k_lo).astype(np.int64), stride=self.stride,
                           row_offset=self.row_offset)
 
-    def runs_per_block(self, block_first: np.ndarray, block_rows: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def runs_per_block(self, block_first: np.ndarray, block_rows: np.ndarray) -> BlockRuns:
         """The windows whose start lies in each block of rows, as runs.
 
         Block ``i`` covers global rows ``[block_first[i], block_first[i] +
-        block_rows[i])``. Returns ``(row_splits, first, count)``: block ``i``
-        holds runs ``row_splits[i]:row_splits[i+1]``, each ``count`` windows
-        starting at block-local rows ``first + k * stride``. Vectorized; the
-        result grows with runs and blocks, not windows.
+        block_rows[i])``. Vectorized; the result grows with runs and blocks,
+        not windows.
         """
         low = np.asarray(block_first, dtype=np.int64)
         high = low + np.asarray(block_rows, dtype=np.int64)
         block, run, k_lo, k_hi = self._runs_in_ranges(low, high)
         local_first = self.global_first[run] + k_lo * self.stride - low[block]
         row_splits = np.concatenate([[0], np.cumsum(np.bincount(block, minlength=len(low)))])
-        return (row_splits.astype(np.int64), local_first.astype(np.int64),
-                (k_hi - k_lo).astype(np.int64))
+        return BlockRuns(row_splits.astype(np.int64), local_first.astype(np.int64),
+                         (k_hi - k_lo).astype(np.int64), self.series[run].astype(np.int32))
 
-    def series_per_block(self, block_first: np.ndarray, block_rows: np.ndarray) -> np.ndarray:
-        """The series of each run :meth:`runs_per_block` returns, in its order."""
-        low = np.asarray(block_first, dtype=np.int64)
-        _, run, _, _ = self._runs_in_ranges(low, low + np.asarray(block_rows, dtype=np.int64))
-        return self.series[run].astype(np.int32)
 
-    @classmethod
-    def from_index(cls, path: Path, *, stride: int, row_offset: np.ndarray,
-                   series_rows: np.ndarray | None = None, span: int = 1,
-                   limits: IndexLimits | None = None) -> WindowRuns:
-        """Build runs by streaming an index table, checking every entry against
-        ``limits`` (default: a window of ``span`` rows inside its series) and that
-        the table is sorted by ``(series, start)`` without repeats."""
-        if limits is None:
-            assert series_rows is not None
-            limits = IndexLimits(np.asarray(series_rows, dtype=np.int64), span=span)
-        runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        prev_series, prev_start, row = -1, -1, 0
-        for batch in iter_index(path, _RUNS_BATCH):
-            if batch.num_rows == 0:
-                continue
-            for name, column in zip(batch.schema.names, batch.columns, strict=True):
-                if column.null_count:
-                    i = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-                    raise StoreError(f"{path}: row {row + i}: no value in column {name!r}")
-            series = batch.column(0).to_numpy().astype(np.int32, copy=False)
-            start = batch.column(1).to_numpy().astype(np.int64, copy=False)
-            limits.check(path, row, series, start, batch.column(2).to_numpy())
-            _check_order(path, row, series, start, prev_series, prev_start)
-            # a run may split at a batch boundary: still correct, still compact
-            new_run = np.ones(len(series), dtype=bool)
-            new_run[1:] = (series[1:] != series[:-1]) | (np.diff(start) != stride)
-            heads = np.flatnonzero(new_run)
-            ends = np.append(heads[1:], len(series))
-            runs.append((series[heads], start[heads], (ends - heads).astype(np.int64)))
-            prev_series, prev_start = int(series[-1]), int(start[-1])
-            row += len(series)
-        if not runs:
-            empty = np.empty(0, dtype=np.int64)
-            return cls(empty.astype(np.int32), empty, empty, stride, row_offset)
-        series, first, count = (np.concatenate(part) for part in zip(*runs, strict=True))
-        return cls(series, first, count, stride, row_offset)
+@dataclass(frozen=True)
+class BlockRuns:
+    """Each block's windows as runs: block ``i`` holds runs
+    ``row_splits[i]:row_splits[i+1]``, run ``r`` ``count[r]`` windows of series
+    ``series[r]`` starting at block-local rows ``first[r] + k * stride``."""
+
+    row_splits: np.ndarray  # int64 [blocks + 1]
+    first: np.ndarray  # int64 [runs]
+    count: np.ndarray  # int64 [runs]
+    series: np.ndarray  # int32 [runs]
+
+    def windows(self) -> np.ndarray:
+        """How many windows start in each block."""
+        blocks = len(self.row_splits) - 1
+        return np.bincount(np.repeat(np.arange(blocks), np.diff(self.row_splits)),
+                           weights=self.count, minlength=blocks).astype(np.int64)
 
 
 def _check_order(path: Path, row: int, series: np.ndarray, start: np.ndarray,
@@ -367,3 +322,40 @@ def _check_order(path: Path, row: int, series: np.ndarray, start: np.ndarray,
         raise StoreError(f"{path}: row {row + i}: (series {int(series[i])}, start "
                          f"{int(start[i])}) {why}: the table is not sorted "
                          "by (series, start) with each window once")
+
+
+def read_window_runs(path: Path, *, stride: int, row_offset: np.ndarray,
+                     series_rows: np.ndarray | None = None, span: int = 1,
+                     limits: IndexLimits | None = None) -> WindowRuns:
+    """The runs of an index table, streamed, every entry checked against
+    ``limits`` (default: a window of ``span`` rows inside its series) and the
+    table sorted by ``(series, start)`` without repeats (a store is untrusted)."""
+    if limits is None:
+        assert series_rows is not None
+        limits = IndexLimits(np.asarray(series_rows, dtype=np.int64), span=span)
+    runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    prev_series, prev_start, row = -1, -1, 0
+    for batch in iter_index(path, _RUNS_BATCH):
+        if batch.num_rows == 0:
+            continue
+        for name, column in zip(batch.schema.names, batch.columns, strict=True):
+            if column.null_count:
+                i = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                raise StoreError(f"{path}: row {row + i}: no value in column {name!r}")
+        series = batch.column(0).to_numpy().astype(np.int32, copy=False)
+        start = batch.column(1).to_numpy().astype(np.int64, copy=False)
+        limits.check(path, row, series, start, batch.column(2).to_numpy())
+        _check_order(path, row, series, start, prev_series, prev_start)
+        # a run may split at a batch boundary: still correct, still compact
+        new_run = np.ones(len(series), dtype=bool)
+        new_run[1:] = (series[1:] != series[:-1]) | (np.diff(start) != stride)
+        heads = np.flatnonzero(new_run)
+        ends = np.append(heads[1:], len(series))
+        runs.append((series[heads], start[heads], (ends - heads).astype(np.int64)))
+        prev_series, prev_start = int(series[-1]), int(start[-1])
+        row += len(series)
+    if not runs:
+        empty = np.empty(0, dtype=np.int64)
+        return WindowRuns(empty.astype(np.int32), empty, empty, stride, row_offset)
+    series, first, count = (np.concatenate(part) for part in zip(*runs, strict=True))
+    return WindowRuns(series, first, count, stride, row_offset)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,27 +13,26 @@ import numpy as np
 
 from windowkit.errors import (
     InvalidSpecError,
-    StoreError,
     StoreReplacedError,
-    check_bool,
-    check_int,
 )
 from windowkit.formats import RowReader
 from windowkit.guard import StoreGuard
-from windowkit.index import IndexLimits, WindowRuns, iter_index
+from windowkit.index import IndexLimits, WindowRuns
 from windowkit.layout import RowLayout
 from windowkit.location import resolve
 from windowkit.manifest import Manifest
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
+    BatchOptions,
     ReadPlan,
+    ShardOptions,
+    ShuffleOptions,
     StoreAccess,
     WindowGather,
-    check_budget,
-    check_shuffle,
 )
 from windowkit.series_table import SeriesTable
 from windowkit.spec import WindowSpec
+from windowkit.split_index import SplitIndexes
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from windowkit.readers.keras import WindowPyDataset
 
-Windows = Any  # x, (x, y), or with parts a dict x: see windowkit.readers._parts
+Windows = Any  # x, (x, y), or with fields a dict x: see windowkit.readers.numpy_engine.fields
 
 
 def open_store(path: str | os.PathLike[str], *,
@@ -75,7 +75,6 @@ class Store:
         self.root = self.manifest.data_root(self.path)  # where its files are
         self.guard = StoreGuard(self.path, self.manifest.store_id)
         self._lock = threading.Lock()
-        self._runs: dict[str, WindowRuns] = {}
         self._gather: WindowGather | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -161,42 +160,28 @@ class Store:
         return self._series.split_rows(split)
 
     # -- the window index -------------------------------------------------------------
+    @cached_property
+    def _indexes(self) -> SplitIndexes:
+        return SplitIndexes(self.root, self.manifest, self._series, self.guard)
+
     def index(self, split: str = "train") -> np.ndarray:
         """The split's window index table as an ``[n, 3]`` int64 array
-        ``(series, start, length)``, each entry checked (:meth:`runs`). This loads
-        one entry per window."""
-        path = self.root / self._split(split)["index"]
-        self.runs(split)
-        parts = [np.column_stack([b.column(i).to_numpy() for i in range(3)]).astype(np.int64)
-                 for b in iter_index(path)]
-        return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
+        ``(series, start, length)``, each entry checked. This loads one entry
+        per window; readers use :meth:`runs`."""
+        self._split(split)
+        return self._indexes.table(split)
 
     def index_limits(self, split: str) -> IndexLimits:
         """What each entry of ``split``'s index table must satisfy (see
-        :class:`windowkit.index.IndexLimits`): inside the split's rows, on the
-        series' stride grid."""
-        first, end = self.split_rows(split)
-        spec = self.spec
-        return IndexLimits(self._series.int_column("rows"), first=first, end=end,
-                           span=spec.span, length=spec.length, stride=spec.stride)
+        :class:`windowkit.index.IndexLimits`)."""
+        self._split(split)
+        return self._indexes.limits(split)
 
     def runs(self, split: str = "train") -> WindowRuns:
-        """The split's windows in compact form (memory grows with series, not windows),
-        each index entry checked (:meth:`index_limits`)."""
-        with self._lock:
-            if split not in self._runs:
-                self._runs[split] = WindowRuns.from_index(
-                    self.root / self._split(split)["index"], stride=self.spec.stride,
-                    row_offset=self._series.int_column("row_offset"),
-                    limits=self.index_limits(split))
-                self.guard.check()
-                if self._runs[split].total != self.num_windows(split):
-                    raise StoreError(
-                        f"{self.path}: index of split {split!r} holds "
-                        f"{self._runs[split].total} windows, manifest says "
-                        f"{self.num_windows(split)}"
-                    )
-            return self._runs[split]
+        """The split's windows in compact form (memory grows with series, not
+        windows), each index entry checked."""
+        self._split(split)
+        return self._indexes.runs(split)
 
     # -- reading windows --------------------------------------------------------------
     @cached_property
@@ -236,9 +221,10 @@ class Store:
     def windows(self, split: str, positions: Any, *, normalize: bool = False,
                 return_series: bool = False) -> Windows:
         """Windows at ``positions`` of the split's index (random access): ``x`` or,
-        with a horizon, ``(x, y)``; ``x`` is a dict of parts (``inputs``,
+        with a horizon, ``(x, y)``; ``x`` is a dict of fields (``inputs``,
         ``future_known``, ``static``, ``series``) when the store has known-future
-        or static columns, or ``return_series`` (see :mod:`windowkit.readers._parts`)."""
+        or static columns, or ``return_series`` (see
+        :mod:`windowkit.readers.numpy_engine.fields`)."""
         self._split(split)
         runs = self.runs(split)
         starts, series = runs.global_starts_and_series(
@@ -247,30 +233,23 @@ class Store:
             if self._gather is None:
                 self._gather = self.window_gather()
             gather = self._gather
-        parts = self.access.parts(return_series)
-        x, horizon = gather.cut(starts, parts.horizon_columns(self.target_index))
-        return parts.assemble(x, horizon, series if parts.series else None,
+        fields = self.access.fields(return_series)
+        x, horizon = gather.cut(starts, fields.horizon_columns(self.target_index))
+        return fields.assemble(x, horizon, series if fields.series else None,
                               targets=self.target_index,
                               norm=self.access.normalizer() if normalize else None)
 
-    def _shard_plan(self, split: str, num_shards: int | None, shard_index: int | None,
-                    *, shuffle: bool | str = True, memory_budget: int | None = None,
-                    cache_bytes: int | None = None, shuffle_blocks: int | None = None
-                    ) -> ReadPlan:
+    def _reader_plan(self, split: str, shard: ShardOptions, order: ShuffleOptions
+                     ) -> ReadPlan:
         """The plan of ``split``, or of one shard: its share of each epoch's
         uniform permutation when the reader shuffles uniformly, else its own
         storage blocks."""
         plan = self.read_plan(split)
-        if num_shards is None and shard_index is None:
+        if shard.whole:
             return plan
-        if num_shards is None or shard_index is None:
-            raise InvalidSpecError("num_shards and shard_index go together")
-        from windowkit.readers._global import choose_shuffle
-
-        if choose_shuffle(plan, shuffle, memory_budget=memory_budget, cache_bytes=cache_bytes,
-                          shuffle_blocks=shuffle_blocks, sharded=True).uniform:
-            return plan.dealt_shard(num_shards, shard_index)
-        return plan.sharded(num_shards, shard_index)
+        if order.choose(plan, sharded=True).uniform:
+            return plan.dealt_shard(shard.num_shards, shard.shard_index)
+        return plan.sharded(shard.num_shards, shard.shard_index)
 
     def tf_dataset(self, split: str = "train", batch_size: int = 256, *,
                    shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
@@ -284,60 +263,59 @@ class Store:
         """A ``tf.data.Dataset`` of batches of windows: ``x``, or ``(x, y)`` with a horizon.
 
         Every window of the split comes once per epoch; each iteration of the
-        dataset is a new epoch, the sequence of epochs fixed by ``seed``.
-        ``shuffle``: ``True`` (default) mixes as well as ``memory_budget``
-        allows: each epoch a uniform permutation of the split's windows when
-        its rows fit the budget (held once, in memory), else block groups as
-        large as the budget holds; ``"global"``: a uniform permutation at any
-        size, the rows beyond the budget spilled once to a private file on
-        local disk (``spill_dir``, default ``$WINDOWKIT_SPILL_DIR`` or the
-        temporary directory) and read by random access; ``"blocks"``: block
-        groups; ``False``: index order. ``memory_budget`` defaults to a
-        quarter of the available memory (at most 16 GiB).
-        ``num_shards``/``shard_index`` read one shard of the split (uniform:
-        every ``num_shards``-th window of each epoch's permutation; block
-        groups: disjoint runs of storage blocks); ``input_context`` (a
-        ``tf.distribute.InputContext``) picks the shard and turns the global
-        ``batch_size`` into the replica's.
-        ``device`` (e.g. ``"/GPU:0"``) prefetches batches into that device's
-        memory. An iterator saves and restores with ``tf.train.Checkpoint``.
-        ``service`` (a tf.data dispatcher's address, TFRecord stores): the
-        split's files are read by the service's workers, each file by one
-        worker per epoch, windows mixed in a buffer of ``cache_bytes``.
-        Experts: ``shuffle_blocks`` (blocks per group) and ``cache_bytes``
-        (bytes of blocks held) size block groups apart from the budget.
-        With known-future or static columns in the store, or ``return_series``,
-        ``x`` is a dict ``{"inputs", "future_known", "static", "series"}`` (the
-        keys configured).
+        dataset is a new epoch, the sequence of epochs fixed by ``seed``. An
+        iterator saves and restores with ``tf.train.Checkpoint``. With
+        known-future or static columns in the store, or ``return_series``,
+        ``x`` is a dict ``{"inputs", "future_known", "static", "series"}``
+        (the keys configured).
+
+        :param split: the split to read (``store.splits``).
+        :param batch_size: windows per batch (the global batch with ``input_context``).
+        :param shuffle: ``True`` (default): the best mixing ``memory_budget``
+            allows: each epoch a uniform permutation of the split's windows when
+            its rows fit the budget, else block groups as large as it holds;
+            ``"global"``: a uniform permutation at any size, the rows beyond the
+            budget spilled once to local disk and read by random access;
+            ``"blocks"``: block groups; ``False``: index order.
+        :param seed: fixes every epoch's order.
+        :param drop_remainder: leave out the last, smaller batch of an epoch.
+        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
+        :param memory_budget: bytes the reader may hold (default: a quarter of
+            the available memory, at most 16 GiB).
+        :param spill_dir: where a uniform shuffle beyond the budget writes its
+            private, unlinked file (default ``$WINDOWKIT_SPILL_DIR``, else the
+            temporary directory).
+        :param num_shards: read one shard of ``num_shards`` (with ``shard_index``):
+            uniform: every ``num_shards``-th window of each epoch's permutation;
+            block groups: disjoint runs of storage blocks.
+        :param shard_index: which shard, ``0 .. num_shards - 1``.
+        :param input_context: a ``tf.distribute.InputContext``: picks the shard
+            and turns the global ``batch_size`` into the replica's.
+        :param device: e.g. ``"/GPU:0"``: prefetch batches into that device's memory.
+        :param service: a tf.data dispatcher's address (TFRecord stores): the
+            split's files are read by the service's workers, each file by one
+            worker per epoch, windows mixed in a buffer of ``cache_bytes``.
+        :param return_series: add each window's series id to ``x``.
+        :param shuffle_blocks: experts: blocks per group (implies block groups).
+        :param cache_bytes: experts: bytes of blocks a block group holds
+            (implies block groups).
         """
-        check_int("batch_size", batch_size, 1)
-        normalize, drop_remainder = (check_bool("normalize", normalize),
-                                     check_bool("drop_remainder", drop_remainder))
-        return_series = check_bool("return_series", return_series)
-        mode = check_shuffle(shuffle)
-        memory_budget = check_budget("memory_budget", memory_budget)
-        cache_bytes = check_budget("cache_bytes", cache_bytes)
-        if shuffle_blocks is not None:
-            check_int("shuffle_blocks", shuffle_blocks, 1)
+        batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
+                                     normalize=normalize, return_series=return_series)
+        order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
+                                       spill_dir=spill_dir, cache_bytes=cache_bytes,
+                                       shuffle_blocks=shuffle_blocks)
+        shard = ShardOptions.checked(num_shards, shard_index, input_context=input_context)
         if input_context is not None:
-            if num_shards is not None or shard_index is not None:
-                raise InvalidSpecError("pass input_context or num_shards/shard_index, not both")
-            num_shards = int(input_context.num_input_pipelines)
-            shard_index = int(input_context.input_pipeline_id)
             try:
-                batch_size = int(input_context.get_per_replica_batch_size(batch_size))
+                batch = replace(batch, batch_size=int(
+                    input_context.get_per_replica_batch_size(batch.batch_size)))
             except ValueError as exc:  # not divisible by the replicas
                 raise InvalidSpecError(f"batch_size: {exc}") from None
-        plan = self._shard_plan(split, num_shards, shard_index, shuffle=mode,
-                                memory_budget=memory_budget, cache_bytes=cache_bytes,
-                                shuffle_blocks=shuffle_blocks)
+        plan = self._reader_plan(split, shard, order)
         from windowkit.readers.tf import tf_dataset
 
-        return tf_dataset(plan, batch_size=batch_size, shuffle=mode, seed=seed,
-                          drop_remainder=drop_remainder, normalize=normalize,
-                          shuffle_blocks=shuffle_blocks, cache_bytes=cache_bytes,
-                          memory_budget=memory_budget, spill_dir=spill_dir, device=device,
-                          service=service, return_series=return_series)
+        return tf_dataset(plan, batch, order, device=device, service=service)
 
     def keras_dataset(self, split: str = "train", batch_size: int = 256, *,
                       shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
@@ -349,21 +327,32 @@ class Store:
                       return_series: bool = False, cache_bytes: int | None = None
                       ) -> WindowPyDataset:
         """A ``keras.utils.PyDataset`` of batches of windows, a
-        :class:`windowkit.readers.keras.WindowPyDataset` (see that module);
-        ``shuffle``, ``memory_budget``, ``spill_dir``, the shard arguments,
-        ``return_series`` and ``cache_bytes`` as for :meth:`tf_dataset`."""
+        :class:`windowkit.readers.keras.WindowPyDataset`: one batch loaded at a
+        time, on any Keras backend; pass ``shuffle=False`` to ``fit``.
+
+        :param split: the split to read.
+        :param batch_size: windows per batch.
+        :param shuffle: as for :meth:`tf_dataset`.
+        :param seed: fixes every epoch's order.
+        :param drop_remainder: leave out the last, smaller batch of an epoch.
+        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
+        :param workers: Keras' loader threads or processes.
+        :param use_multiprocessing: processes instead of threads.
+        :param max_queue_size: batches Keras queues ahead.
+        :param memory_budget: as for :meth:`tf_dataset`.
+        :param spill_dir: as for :meth:`tf_dataset`.
+        :param num_shards: as for :meth:`tf_dataset`.
+        :param shard_index: as for :meth:`tf_dataset`.
+        :param return_series: add each window's series id to ``x``.
+        :param cache_bytes: experts: bytes of blocks cached (implies block groups).
+        """
         from windowkit.readers.keras import WindowPyDataset
 
-        mode = check_shuffle(shuffle)
-        normalize, drop_remainder = (check_bool("normalize", normalize),
-                                     check_bool("drop_remainder", drop_remainder))
-        memory_budget = check_budget("memory_budget", memory_budget)
-        cache_bytes = check_budget("cache_bytes", cache_bytes)
-        plan = self._shard_plan(split, num_shards, shard_index, shuffle=mode,
-                                memory_budget=memory_budget, cache_bytes=cache_bytes)
-        return WindowPyDataset(plan, batch_size, shuffle=mode, seed=seed,
-                               drop_remainder=drop_remainder, normalize=normalize,
-                               workers=workers, use_multiprocessing=use_multiprocessing,
-                               max_queue_size=max_queue_size, cache_bytes=cache_bytes,
-                               memory_budget=memory_budget, return_series=return_series,
-                               spill_dir=spill_dir)
+        batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
+                                     normalize=normalize, return_series=return_series)
+        order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
+                                       spill_dir=spill_dir, cache_bytes=cache_bytes)
+        plan = self._reader_plan(split, ShardOptions.checked(num_shards, shard_index), order)
+        return WindowPyDataset(plan, batch, order, workers=workers,
+                               use_multiprocessing=use_multiprocessing,
+                               max_queue_size=max_queue_size)

@@ -87,7 +87,8 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
     import tensorflow as tf
 
     import windowkit as wk
-    from windowkit.readers._global import uniform_dataset, uniform_source
+    from windowkit.readers.numpy_engine.held import uniform_source
+    from windowkit.readers.tfdata_engine.uniform import uniform_dataset
 
     tf.constant(0)  # the runtime loaded: the baseline includes it
     store = wk.open_store(store_path)
@@ -100,7 +101,7 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
         plan = store.read_plan("train")
         budget = BUDGET if mode.startswith("spilled") else 4 * plan.rows_bytes()
         source = uniform_source(plan, batch_size=BATCH, seed=0, normalize=False,
-                                memory_budget=budget, parts=plan.store.parts(False))
+                                memory_budget=budget, fields=plan.store.fields(False))
         if mode == "spilled, cold":
             source.held.evict()
         ds = uniform_dataset(source, seed=0, drop_remainder=False)

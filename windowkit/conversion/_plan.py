@@ -80,8 +80,10 @@ def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
     unblocked = RowLayout(first.dtype, first.step_shape, int(placement.rows.sum()), 1)
     block_rows = options.block_rows or choose_block_rows(
         unblocked.row_bytes, storage.min_block_rows(spec), storage.target_block_bytes)
+    columns = column_names(series)
     layout = DataLayout(rows=dataclasses.replace(unblocked, block_rows=block_rows),
-                        window=spec, compression=options.compression)
+                        window=spec, compression=options.compression,
+                        columns=tuple(columns) if columns else None)
     tasks = plan_parts(layout, placement, part_bytes=options.part_size, parts=options.parts)
     splits = options.split.plan(series)
     check_some_window(splits, spec, options.split.context)
@@ -92,7 +94,7 @@ def plan_store(series: list[Series], options: ConvertOptions) -> StorePlan:
     known = _resolve_columns("known", options.known_columns, series, spec, static_names)
     layout = dataclasses.replace(layout, store_id=_store_id(key, options, targets))
     return StorePlan(format=options.format, series=series, layout=layout, placement=placement,
-                     tasks=tasks, splits=splits, columns=column_names(series),
+                     tasks=tasks, splits=splits, columns=columns,
                      target_columns=targets, known_columns=known, fingerprint=fingerprint,
                      key=key, split_context=options.split.context,
                      static_columns=static_names, static_values=static_values)
@@ -184,7 +186,7 @@ def _plan_key(fingerprint: str, options: ConvertOptions, layout: DataLayout,
             "window": layout.window.to_dict(), "compression": layout.compression,
             "block_rows": layout.rows.block_rows, "seed": options.seed, "windowkit": __version__,
             "shards": [[t.first_row, t.rows] for t in tasks], "splits": splits.key(),
-            "nan": options.nan}
+            "nan": options.nan, "columns": layout.columns}
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
 
 

@@ -36,6 +36,7 @@ class DataLayout:
     window: WindowSpec
     compression: str
     store_id: str = ""  # written into data files where the format allows
+    columns: tuple[str, ...] | None = None  # the features' names, where the source has them
 
     def data_section(self, **fields: Any) -> dict[str, Any]:
         """A format's ``data`` section of the manifest: its ``fields`` and what

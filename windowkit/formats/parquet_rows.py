@@ -13,7 +13,7 @@ zstd by default; page checksums and statistics are written.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +50,20 @@ from windowkit.spec import WindowSpec
 OPEN_FILES = 2  # part files a reader keeps open
 COMPRESSIONS = ("zstd", "gzip", "none")
 _ROW_OVERHEAD = 12  # the series (int32) and row (int64) columns of a row
+BOOKKEEPING = frozenset({"series", "row"})  # the columns besides the values
 _GROUP_OVERHEAD = 2048  # footer metadata of one row group (and its page headers)
 
 
-def value_columns(step_shape: tuple[int, ...], columns: list[str] | None) -> list[str]:
-    """Names of the value columns for a step shape."""
+def value_columns(step_shape: tuple[int, ...], names: Sequence[str] | None) -> list[str]:
+    """Names of the value columns for a step shape: a vector step's features
+    keep their source names (``names``), unless the source had none or one of
+    them is the name of a bookkeeping column; then ``f0 .. f{F-1}``."""
     if not step_shape:
         return ["value"]
     if len(step_shape) == 1:
-        return columns or [f"f{i}" for i in range(step_shape[0])]
+        if names and len(names) == step_shape[0] and not set(names) & BOOKKEEPING:
+            return list(names)
+        return [f"f{i}" for i in range(step_shape[0])]
     return ["values"]
 
 
@@ -75,13 +80,15 @@ class ParquetData(DataSection):
         return self
 
 
-def value_fields(dtype: np.dtype, step_shape: tuple[int, ...]) -> list[pa.Field]:
-    """The value columns of the store's schema."""
+def value_fields(dtype: np.dtype, step_shape: tuple[int, ...], names: Sequence[str]
+                 ) -> list[pa.Field]:
+    """The value columns (named ``names``, see :func:`value_columns`) of the
+    store's schema."""
     value_type = pa.from_numpy_dtype(dtype)
     if len(step_shape) > 1:
         items = int(np.prod(step_shape, dtype=np.int64))
-        return [pa.field("values", pa.list_(value_type, items))]
-    return [pa.field(name, value_type) for name in value_columns(step_shape, None)]
+        return [pa.field(names[0], pa.list_(value_type, items))]
+    return [pa.field(name, value_type) for name in names]
 
 
 class _TableBuilder:
@@ -92,7 +99,8 @@ class _TableBuilder:
         self._items = int(np.prod(layout.rows.step_shape, dtype=np.int64))
         self.schema = pa.schema(
             [pa.field("series", pa.int32()), pa.field("row", pa.int64()),
-             *value_fields(layout.rows.dtype, layout.rows.step_shape)],
+             *value_fields(layout.rows.dtype, layout.rows.step_shape,
+                           value_columns(layout.rows.step_shape, layout.columns))],
             metadata={STORE_ID_KEY: layout.store_id})
 
     def __call__(self, piece: Piece) -> pa.Table:
@@ -132,7 +140,7 @@ class ParquetRowReader(RowReader):
         self._dtype = setup.rows.dtype
         self._step_shape = setup.rows.step_shape
         self.block_rows = setup.rows.block_rows
-        self._fields = value_fields(setup.rows.dtype, setup.rows.step_shape)
+        self._fields = value_fields(setup.rows.dtype, setup.rows.step_shape, self._columns)
         self._file_first = np.array([f["first_row"] for f in self._files], dtype=np.int64)
         # an open file holds decoder buffers: keep a few open, and every file's layout
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
@@ -292,7 +300,7 @@ class ParquetFormat:
         return spec.span
 
     def max_data_bytes(self, layout: DataLayout, num_pieces: int) -> int:
-        columns = len(value_columns(layout.rows.step_shape, None)) + 2
+        columns = len(value_columns(layout.rows.step_shape, layout.columns)) + 2
         return int(layout.rows.total_rows * (layout.rows.row_bytes + _ROW_OVERHEAD) * 1.01) + (
             num_pieces * _GROUP_OVERHEAD * columns // 4) + (64 << 10)
 
@@ -334,8 +342,9 @@ class ParquetFormat:
     def finish(self, data_dir: Path, layout: DataLayout,
                parts: list[dict[str, Any]]) -> dict[str, Any]:
         files = [{k: p[k] for k in ("path", "first_row", "rows")} for p in parts]
-        return layout.data_section(files=files, columns=value_columns(layout.rows.step_shape, None),
-                                   digests=write_digests(data_dir, layout, parts))
+        return layout.data_section(
+            files=files, columns=value_columns(layout.rows.step_shape, layout.columns),
+            digests=write_digests(data_dir, layout, parts))
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> CheckedReader:

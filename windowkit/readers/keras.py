@@ -34,21 +34,20 @@ import keras
 
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers import (
+    BatchOptions,
     EpochOrder,
+    ShuffleOptions,
     WindowGather,
     WindowOrder,
-    check_budget,
-    check_shuffle,
     num_batches,
 )
-from windowkit.readers._global import choose_shuffle, uniform_source
-from windowkit.readers._random import UniformBatches
+from windowkit.readers.numpy_engine.held import UniformBatches, uniform_source
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
 
-Batch = Any  # x, (x, y), or with parts a dict x (windowkit.readers._parts)
+Batch = Any  # x, (x, y), or with fields a dict x (windowkit.readers.numpy_engine.fields)
 
 # attributes built per process, never pickled
 _PROCESS_LOCAL = ("_lock", "_pid", "_local", "_current", "_checked_epoch")
@@ -71,26 +70,22 @@ class WindowPyDataset(keras.utils.PyDataset):
     Build it with :meth:`windowkit.Store.keras_dataset`.
     """
 
-    def __init__(self, plan: ReadPlan, batch_size: int = 256, *,
-                 shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
-                 normalize: bool = False, workers: int = 1, use_multiprocessing: bool = False,
-                 max_queue_size: int = 10, cache_bytes: int | None = None,
-                 memory_budget: int | None = None, return_series: bool = False,
-                 spill_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, plan: ReadPlan, batch: BatchOptions | None = None,
+                 order: ShuffleOptions | None = None, *, workers: int = 1,
+                 use_multiprocessing: bool = False, max_queue_size: int = 10) -> None:
         super().__init__(workers=check_int("workers", workers, 0),
                          use_multiprocessing=bool(use_multiprocessing),
                          max_queue_size=check_int("max_queue_size", max_queue_size, 1))
+        batch, order = batch or BatchOptions(), order or ShuffleOptions()
         self.plan = plan
-        self.batch_size = check_int("batch_size", batch_size, 1)
-        self.shuffle = check_shuffle(shuffle)
-        self.seed = check_int("seed", seed, 0)
-        self.drop_remainder = bool(drop_remainder)
-        self.normalize = bool(normalize)
-        self.parts = plan.store.parts(return_series)
-        self.choice = choose_shuffle(plan, self.shuffle,
-                                     memory_budget=check_budget("memory_budget", memory_budget),
-                                     cache_bytes=check_budget("cache_bytes", cache_bytes))
-        self.spill_dir = spill_dir
+        self.batch_size = batch.batch_size
+        self.shuffle = order.shuffle
+        self.seed = order.seed
+        self.drop_remainder = batch.drop_remainder
+        self.normalize = normalize = batch.normalize
+        self.fields = plan.store.fields(batch.return_series)
+        self.choice = order.choose(plan)
+        self.spill_dir = order.spill_dir
         if normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
@@ -129,7 +124,7 @@ class WindowPyDataset(keras.utils.PyDataset):
                 self._uniform = uniform_source(
                     self.plan, batch_size=self.batch_size, seed=self.seed,
                     normalize=self.normalize, memory_budget=self.choice.memory_budget,
-                    parts=self.parts, spill_dir=self.spill_dir)
+                    fields=self.fields, spill_dir=self.spill_dir)
             return self._uniform
 
     def _process_local(self) -> _Local:
@@ -207,15 +202,15 @@ class WindowPyDataset(keras.utils.PyDataset):
                 self._checked_epoch = self._epoch
             return uniform.batch(uniform.order.epoch_key(self._epoch), i)
         local = self._process_local()
-        order, parts = self._epoch_order(local), self.parts
+        order, fields = self._epoch_order(local), self.fields
         series = None
-        if parts.series:
+        if fields.series:
             starts, series = order.batch_with_series(i, self.batch_size)
         else:
             starts = order.batch(i, self.batch_size)
         targets = self.plan.store.target_index
-        x, horizon = local.gather.cut(starts, parts.horizon_columns(targets))
-        return parts.assemble(x, horizon, series, targets=targets,
+        x, horizon = local.gather.cut(starts, fields.horizon_columns(targets))
+        return fields.assemble(x, horizon, series, targets=targets,
                               norm=local.normalizer)
 
     def on_epoch_end(self) -> None:

@@ -21,9 +21,9 @@ from windowkit.formats.base import ReaderSetup
 from windowkit.guard import StoreGuard
 from windowkit.index import WindowRuns
 from windowkit.layout import RowLayout
-from windowkit.readers._gather import DEFAULT_CACHE_BYTES, WindowGather
-from windowkit.readers._order import block_first_positions
-from windowkit.readers._parts import BatchParts
+from windowkit.readers.numpy_engine.fields import BatchFields
+from windowkit.readers.numpy_engine.order import block_first_positions
+from windowkit.readers.numpy_engine.pool import DEFAULT_CACHE_BYTES, WindowGather
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -76,9 +76,9 @@ class StoreAccess:
         """The normalizer of the target columns."""
         return self.normalizer().select(self.target_index)
 
-    def parts(self, return_series: bool) -> BatchParts:
-        """What a batch holds besides inputs and targets (see :class:`BatchParts`)."""
-        return BatchParts(known=self.known_index,
+    def fields(self, return_series: bool) -> BatchFields:
+        """What a batch holds besides inputs and targets (see :class:`BatchFields`)."""
+        return BatchFields(known=self.known_index,
                           series=bool(return_series) or self.static_values is not None,
                           static=self.static_values, static_stats=self.static_statistics,
                           static_dtype="float64" if self.layout.dtype == np.float64

@@ -1,19 +1,19 @@
 """The ``tf.data`` reader: a store's blocks -> windows -> batches, with no Python
 per batch.
 
-1. Groups of blocks in the sampler's order (:mod:`windowkit.readers._groups`):
+1. Groups of blocks in the sampler's order (:mod:`windowkit.readers.tfdata_engine.groups`):
    ``(rows, starts)``, the rows of a group of storage blocks with their halos,
    read by the format's row reader, and the positions of the split's windows
    starting in them, shuffled within the group when asked.
 2. Batches are cut with one ``tf.gather`` per part under a parallel ``map``,
    normalized in the graph when asked; the windows left at a group's end are
    carried into the next group's first batch
-   (:mod:`windowkit.readers._carry`, no ``rebatch``), then
+   (:mod:`windowkit.readers.tfdata_engine.carry`, no ``rebatch``), then
    ``assert_cardinality`` -> ``prefetch`` (optionally onto a GPU).
 
-How it shuffles (:func:`windowkit.readers._global.choose_shuffle`): uniformly
+How it shuffles (:func:`windowkit.readers.tfdata_engine.uniform.choose_shuffle`): uniformly
 when asked (``"global"``) or when the split's rows fit the memory budget
-(:mod:`windowkit.readers._global`, random access); else block groups: each
+(:mod:`windowkit.readers.tfdata_engine.uniform`, random access); else block groups: each
 epoch permutes the blocks holding windows of the split, and the windows of
 ``shuffle_blocks`` blocks at a time (as many as the budget holds) are
 permuted together.
@@ -21,7 +21,6 @@ permuted together.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,27 +28,28 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
-from windowkit.readers._cut import PREFETCH_BATCHES, WindowCutter
-from windowkit.readers._parts import BatchParts
+from windowkit.readers.numpy_engine.fields import BatchFields
+from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from windowkit.readers.options import BatchOptions, ShuffleOptions
     from windowkit.readers.plan import ReadPlan
 
 
 
 def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
-                 targets: np.ndarray | None = None, parts: BatchParts | None = None
+                 targets: np.ndarray | None = None, fields: BatchFields | None = None
                  ) -> Callable[..., tf.data.Dataset]:
     """``cut(rows, starts, series=None)``: a dataset of batches of the windows
     starting at ``starts`` in ``rows``, each batch one ``tf.gather``, cut in
     parallel (``series``: the windows' series ids, for dict batches)."""
     import tensorflow as tf
 
-    cutter = WindowCutter(spec, norm, targets, parts)
+    cutter = WindowCutter(spec, norm, targets, fields)
 
     def cut(rows: tf.Tensor, starts: tf.Tensor, series: tf.Tensor | None = None
             ) -> tf.data.Dataset:
@@ -64,66 +64,62 @@ def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
 
 
 def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: int,
-                        drop_remainder: bool, normalize: bool, parts: BatchParts
+                        drop_remainder: bool, normalize: bool, fields: BatchFields
                         ) -> tf.data.Dataset:
     """From ``(rows, starts[, series])`` groups to the reader's batches: cut (and
     normalize) windows, whole batches across groups (the windows left at a
     group's end carried into the next one), declare the count, prefetch."""
     import tensorflow as tf
 
-    from windowkit.readers._carry import carried_batches
+    from windowkit.readers.tfdata_engine.carry import carried_batches
 
     norm = plan.store.normalizer() if normalize else None
-    cutter = WindowCutter(plan.spec, norm, plan.store.target_index, parts)
+    cutter = WindowCutter(plan.spec, norm, plan.store.target_index, fields)
     empty_rows = tf.zeros([plan.spec.span, *plan.layout.step_shape], tf.as_dtype(plan.layout.dtype))
     ds = carried_batches(groups, cutter, batch_size=batch_size, drop_remainder=drop_remainder,
-                         empty_rows=empty_rows, with_series=parts.series)
+                         empty_rows=empty_rows, with_series=fields.series)
     ds = ds.apply(tf.data.experimental.assert_cardinality(
         num_batches(plan.num_windows, batch_size, drop_remainder)))
     return ds.prefetch(PREFETCH_BATCHES)
 
 
-def tf_dataset(plan: ReadPlan, *, batch_size: int, shuffle: bool | str, seed: int,
-               drop_remainder: bool, normalize: bool, shuffle_blocks: int | None = None,
-               cache_bytes: int | None = None, memory_budget: int | None = None,
-               spill_dir: str | os.PathLike[str] | None = None, device: str | None = None,
-               service: str | None = None, return_series: bool = False) -> tf.data.Dataset:
-    """The split's batches, shuffled as :func:`choose_shuffle` says: uniformly
-    (rows held once, batches gathered by random access), or groups of blocks
-    in the sampler's order with windows cut in the graph; with ``service`` (a
-    tf.data dispatcher's address), read by its workers. ``return_series`` (or
-    known-future columns) makes ``x`` a dict of parts."""
-    from windowkit.readers._global import choose_shuffle
-
-    parts = plan.store.parts(return_series)
-    choice = choose_shuffle(plan, shuffle, memory_budget=memory_budget,
-                            cache_bytes=cache_bytes, shuffle_blocks=shuffle_blocks)
+def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
+               device: str | None = None, service: str | None = None) -> tf.data.Dataset:
+    """The split's batches, shuffled as ``order`` says (:func:`choose_shuffle`):
+    uniformly (rows held once, batches gathered by random access), or groups of
+    blocks in the sampler's order with windows cut in the graph; with
+    ``service`` (a tf.data dispatcher's address), read by its workers. A
+    batch's ``x`` is a dict of fields with ``return_series`` or known-future
+    columns; ``device`` prefetches batches into that device's memory."""
+    fields = plan.store.fields(batch.return_series)
+    choice = order.choose(plan)
     if service is not None:
-        from windowkit.readers._service import service_batches
+        from windowkit.readers.tfdata_engine.service import service_batches
 
-        ds = service_batches(plan, service=service, batch_size=batch_size,
-                             shuffle="global" if shuffle == "global" else choice.mode != "ordered",
-                             seed=seed,
-                             drop_remainder=drop_remainder, normalize=normalize,
-                             cache_bytes=choice.cache_bytes, parts=parts)
-        return ds if device is None else prefetch_to_device(ds, device)
-    if choice.uniform:
-        from windowkit.readers._global import global_batches
+        ds = service_batches(plan, service=service, batch_size=batch.batch_size,
+                             shuffle="global" if order.shuffle == "global"
+                             else choice.mode != "ordered",
+                             seed=order.seed, drop_remainder=batch.drop_remainder,
+                             normalize=batch.normalize, cache_bytes=choice.cache_bytes,
+                             fields=fields)
+    elif choice.uniform:
+        from windowkit.readers.tfdata_engine.uniform import global_batches
 
-        ds = global_batches(plan, batch_size=batch_size, seed=seed,
-                            drop_remainder=drop_remainder, normalize=normalize,
-                            memory_budget=choice.memory_budget, parts=parts,
-                            spill_dir=spill_dir)
+        ds = global_batches(plan, batch_size=batch.batch_size, seed=order.seed,
+                            drop_remainder=batch.drop_remainder, normalize=batch.normalize,
+                            memory_budget=choice.memory_budget, fields=fields,
+                            spill_dir=order.spill_dir)
     else:
-        from windowkit.readers._groups import block_groups
+        from windowkit.readers.tfdata_engine.groups import block_groups
 
-        groups = block_groups(plan, shuffle=choice.grouped, seed=seed,
-                              shuffle_blocks=shuffle_blocks, cache_bytes=choice.cache_bytes,
-                              with_series=parts.series)
-        ds = batches_from_groups(groups, plan, batch_size=batch_size,
-                                 drop_remainder=drop_remainder, normalize=normalize,
-                                 parts=parts)
-    ds = ds.with_options(checkpoint_options())
+        groups = block_groups(plan, shuffle=choice.grouped, seed=order.seed,
+                              shuffle_blocks=order.shuffle_blocks,
+                              cache_bytes=choice.cache_bytes, with_series=fields.series)
+        ds = batches_from_groups(groups, plan, batch_size=batch.batch_size,
+                                 drop_remainder=batch.drop_remainder,
+                                 normalize=batch.normalize, fields=fields)
+    if service is None:
+        ds = ds.with_options(checkpoint_options())
     return ds if device is None else prefetch_to_device(ds, device)
 
 

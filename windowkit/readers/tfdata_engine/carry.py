@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.readers._cut import WindowCutter
+    from windowkit.readers.tfdata_engine.cut import WindowCutter
 
 
 def carried_batches(groups: tf.data.Dataset, cutter: WindowCutter, *, batch_size: int,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.readers._parts import BatchParts
+from windowkit.readers.numpy_engine.fields import BatchFields
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 from windowkit.windows import window_row_offsets
@@ -28,20 +28,20 @@ class WindowCutter:
     gather's cost is per slice: a second, narrower gather for the known columns
     cost more than splitting one). ``cutter(prepared, starts, series)`` is the
     batch of the windows starting at ``starts``: ``x``, ``(x, y)``, or with
-    parts a dict ``x`` (see :mod:`windowkit.readers._parts`), normalized when
+    fields a dict ``x`` (see :mod:`windowkit.readers.numpy_engine.fields`), normalized when
     asked; ``y`` keeps the ``targets`` columns (None: all)."""
 
     def __init__(self, spec: WindowSpec, norm: Normalizer | None,
-                 targets: np.ndarray | None = None, parts: BatchParts | None = None) -> None:
+                 targets: np.ndarray | None = None, fields: BatchFields | None = None) -> None:
         import tensorflow as tf
 
         inputs, horizon = window_row_offsets(spec)  # the NumPy readers' offsets too
         self._inputs = tf.constant(inputs, dtype=tf.int64)
         self._horizon = tf.constant(horizon, dtype=tf.int64) if spec.horizon else None
-        self._norm, self._targets, self._parts = norm, targets, parts
-        self._known = parts.known if parts is not None else None
-        self._horizon_columns = targets if parts is None else parts.horizon_columns(targets)
-        self._static = parts.static_table(norm is not None) if parts is not None else None
+        self._norm, self._targets, self._parts = norm, targets, fields
+        self._known = fields.known if fields is not None else None
+        self._horizon_columns = targets if fields is None else fields.horizon_columns(targets)
+        self._static = fields.static_table(norm is not None) if fields is not None else None
 
     def prepare(self, rows: tf.Tensor, *, narrow: bool = True) -> tuple[tf.Tensor, ...]:
         """``(rows, horizon rows)``: the horizon's columns only where they are
@@ -68,7 +68,7 @@ class WindowCutter:
 
         horizon = tf.gather(prepared[-1], starts[:, None] + self._horizon)
         known, targets = self._known, self._targets
-        if len(prepared) == 1 or targets is None:  # every column: pick the parts
+        if len(prepared) == 1 or targets is None:  # every column: pick the fields
             y = horizon if targets is None else tf.gather(horizon, targets, axis=2)
             return y, None if known is None else tf.gather(horizon, known, axis=2)
         if known is None:  # the narrow rows are the targets' columns
@@ -85,15 +85,15 @@ class WindowCutter:
         if self._horizon is not None:
             y, future = self._horizon_parts(prepared, starts)
             y = self._normalized(y, self._targets)
-        parts = self._parts
-        if parts is None or not parts.as_dict:
+        fields = self._parts
+        if fields is None or not fields.as_dict:
             return x if y is None else (x, y)
         out = {"inputs": x}
         if future is not None:
             out["future_known"] = self._normalized(future, self._known)
         if self._static is not None and series is not None:
             out["static"] = tf.gather(self._static, series)
-        if parts.series and series is not None:
+        if fields.series and series is not None:
             out["series"] = tf.cast(series, tf.int32)
         return out if y is None else (out, y)
 
@@ -110,9 +110,9 @@ def _columns(rows: tf.Tensor, columns: np.ndarray) -> tf.Tensor:
 
 
 def window_cutter(spec: WindowSpec, norm: Normalizer | None,
-                  targets: np.ndarray | None = None, parts: BatchParts | None = None
+                  targets: np.ndarray | None = None, fields: BatchFields | None = None
                   ) -> Callable[..., Any]:
     """``cut(rows, starts, series=None)``: :class:`WindowCutter` for rows cut
     from once (``prepare`` on every call)."""
-    cutter = WindowCutter(spec, norm, targets, parts)
+    cutter = WindowCutter(spec, norm, targets, fields)
     return lambda rows, starts, series=None: cutter(cutter.prepare(rows), starts, series)

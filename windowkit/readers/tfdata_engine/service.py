@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from windowkit.errors import InvalidSpecError
 from windowkit.formats.base import ReadsInGraph
 from windowkit.location import is_remote
-from windowkit.readers._cut import PREFETCH_BATCHES, window_cutter
-from windowkit.readers._parts import BatchParts
+from windowkit.readers.numpy_engine.fields import BatchFields
+from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, window_cutter
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -53,14 +53,14 @@ def check_service_plan(plan: ReadPlan, *, shuffle: bool | str) -> None:
 
 def service_batches(plan: ReadPlan, *, service: str, batch_size: int, shuffle: bool | str,
                     seed: int, drop_remainder: bool, normalize: bool, cache_bytes: int,
-                    parts: BatchParts) -> tf.data.Dataset:
+                    fields: BatchFields) -> tf.data.Dataset:
     """The split's batches, read by the tf.data service's workers at ``service``
     (a dispatcher address); each iteration is a new epoch."""
     import tensorflow as tf
 
     check_service_plan(plan, shuffle=shuffle)
     ds = worker_pipeline(plan, batch_size=batch_size, shuffle=bool(shuffle), seed=seed,
-                         normalize=normalize, cache_bytes=cache_bytes, parts=parts)
+                         normalize=normalize, cache_bytes=cache_bytes, fields=fields)
     ds = ds.apply(tf.data.experimental.service.distribute(
         processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
         service=service))
@@ -68,13 +68,13 @@ def service_batches(plan: ReadPlan, *, service: str, batch_size: int, shuffle: b
 
 
 def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int,
-                    normalize: bool, cache_bytes: int, parts: BatchParts
+                    normalize: bool, cache_bytes: int, fields: BatchFields
                     ) -> tf.data.Dataset:
     """What each tf.data worker runs: the pieces of the store holding windows of
     the split -> their windows -> shuffled batches, all in the graph."""
     import tensorflow as tf
 
-    from windowkit.readers._groups import BlockWindows
+    from windowkit.readers.tfdata_engine.groups import BlockWindows
 
     storage = plan.store.storage
     assert isinstance(storage, ReadsInGraph)  # check_service_plan said so
@@ -82,7 +82,7 @@ def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int
         plan.store.path / "data", plan.store.data, plan.store.reader_setup())
     lookup = BlockWindows(plan.runs, reader.piece_first_row, reader.piece_rows)
     cut = window_cutter(plan.spec, plan.store.normalizer() if normalize else None,
-                        plan.store.target_index, parts)
+                        plan.store.target_index, fields)
     row_offset = tf.constant(plan.runs.row_offset, tf.int64)
     piece_first = tf.constant(reader.piece_first_row, tf.int64)
 
@@ -90,7 +90,7 @@ def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int
         starts = lookup.starts(piece[None], tf.zeros([1], tf.int64))
         first_row = tf.gather(piece_first, piece)  # a piece is one series: one id
         series = tf.fill(tf.shape(starts), tf.searchsorted(
-            row_offset, first_row[None], side="right")[0] - 1) if parts.series else None
+            row_offset, first_row[None], side="right")[0] - 1) if fields.series else None
         return cut(rows, starts, series)
 
     ds = reader.pieces(lookup.windows > 0, shuffle=shuffle, seed=seed)

@@ -1,4 +1,4 @@
-"""What a batch holds: ``x`` and ``y``, or, for forecasting models, a dict of parts.
+"""What a batch holds: ``x`` and ``y``, or, for forecasting models, a dict of fields.
 
 Without known-future columns and without ``return_series``, a batch is ``x``
 (``[B, L, ...]``), or ``(x, y)`` with a horizon. Otherwise ``x`` is a dict,
@@ -10,10 +10,10 @@ its keys named as a Keras functional model's inputs would be:
 - ``series`` ``[B]`` int32: the window's series (a row of ``series.parquet``),
   for an embedding (with static features, or ``return_series=True``).
 
-``y`` stays ``[B, H, T]``. With ``normalize=True`` each part is normalized
+``y`` stays ``[B, H, T]``. With ``normalize=True`` each field is normalized
 with its own columns' training statistics (``series`` is an id, never).
-:class:`BatchParts` assembles NumPy batches (the Keras reader, random access);
-:func:`windowkit.readers._cut.window_cutter` does the same in the graph.
+:class:`BatchFields` assembles NumPy batches (the Keras reader, random access);
+:func:`windowkit.readers.tfdata_engine.cut.window_cutter` does the same in the graph.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from windowkit.stats import Normalizer
 
 
 @dataclass(frozen=True)
-class BatchParts:
-    """Which parts a batch holds besides its inputs and targets."""
+class BatchFields:
+    """Which fields a batch holds besides its inputs and targets."""
 
     known: np.ndarray | None  # columns whose horizon values go to future_known
     series: bool  # each window's series id
@@ -84,13 +84,13 @@ class BatchParts:
             y = None if y is None else norm.select(targets)(y)
         if not self.as_dict:
             return x if y is None else (x, y)
-        parts: dict[str, np.ndarray] = {"inputs": x}
+        fields: dict[str, np.ndarray] = {"inputs": x}
         if known is not None:
-            parts["future_known"] = known if norm is None else norm.select(self.known)(known)
+            fields["future_known"] = known if norm is None else norm.select(self.known)(known)
         static = self.static_table(norm is not None)
         if static is not None and series is not None:
-            parts["static"] = static[series]
+            fields["static"] = static[series]
         if self.series and series is not None:
-            parts["series"] = np.asarray(series, dtype=np.int32)
-        return parts if y is None else (parts, y)
+            fields["series"] = np.asarray(series, dtype=np.int32)
+        return fields if y is None else (fields, y)
 

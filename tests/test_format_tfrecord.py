@@ -1,5 +1,6 @@
-"""What only the TFRecord format promises: plain-tf.data interop, a pure graph,
-parts, halos, on-disk size, and CRC-checked random access."""
+"""TFRecord stores: the format contract (tests/format_contract.py), and what only
+TFRecord promises: plain-tf.data interop, parts, halos, on-disk size, and
+CRC-checked random access."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tensorflow as tf
 
 import windowkit as wk
 from tests.conftest import collect_epoch, oracle_windows
+from tests.format_contract import FormatTests
 
 
 def _series(lengths: list[int], features: int = 3, seed: int = 0) -> list[np.ndarray]:
@@ -73,31 +75,6 @@ def test_uncompressed_size_stays_within_five_percent_of_raw(tmp_path: Path) -> N
     store = wk.convert([rows] * 3, tmp_path / "s", format="tfrecord", window=32)
     on_disk = sum(p.stat().st_size for p in (store.path / "data").glob("*.tfrecord"))
     assert on_disk <= 1.05 * rows.nbytes * 3
-
-
-def _graph_ops(ds: tf.data.Dataset) -> set[str]:
-    graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(ds._as_serialized_graph().numpy())
-    ops = {node.op for node in graph.node}
-    for function in graph.library.function:
-        ops |= {node.op for node in function.node_def}
-    return ops
-
-
-@pytest.mark.parametrize("fmt", ["tfrecord", "zarr", "parquet"])
-def test_the_epoch_order_is_in_the_graph_and_python_only_reads_groups(tmp_path: Path,
-                                                                      fmt: str) -> None:
-    """No generator: block groups' order is computed by graph ops, and Python
-    runs once per group of blocks (a stateless numpy_function reading them);
-    uniform batches are one stateless numpy_function call per chunk of batches."""
-    store = wk.convert(_series([500, 300]), tmp_path / "s", format=fmt,
-                       window=wk.WindowSpec(8, horizon=1), block_rows=64, parts=2)
-    ops = _graph_ops(store.tf_dataset("train", 32, shuffle="blocks", normalize=True))
-    assert not {op for op in ops if "Generator" in op}
-    assert {"PyFuncStateless", "RandomDatasetV2", "StatelessShuffle", "GatherV2"} <= ops
-    ops = _graph_ops(store.tf_dataset("train", 32, normalize=True))
-    assert not {op for op in ops if "Generator" in op}
-    assert {"PyFuncStateless", "RandomDatasetV2"} <= ops
 
 
 # the uniform reader reads a split that fits its budget when it is built (a
@@ -177,3 +154,9 @@ def test_tf_dataset_names_a_truncated_part_file(tmp_path: Path) -> None:
     with pytest.raises(READ_ERRORS, match=rf"{part.name}: record 6 at byte \d+: "
                                           r"file is truncated"):
         collect_epoch(wk.open_store(store.path).tf_dataset("train", 32))
+
+
+class TestTFRecord(FormatTests):
+    """The format contract for TFRecord stores."""
+
+    format_name = "tfrecord"

@@ -39,7 +39,7 @@ from windowkit._progress import human_size
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
 from windowkit.permutation import GOLDEN, KeyedPermutations, mix
-from windowkit.readers._parts import BatchParts
+from windowkit.readers.numpy_engine.fields import BatchFields
 from windowkit.readers.plan import ReadPlan
 from windowkit.stats import Normalizer
 from windowkit.windows import cut_from_views, window_views
@@ -224,7 +224,7 @@ def _load(plan: ReadPlan, layout: HeldPlacement,
     """Read every load of ``layout`` in order (the next one read while this one
     is put), record where each block landed, and hand ``put(base, rows)`` the
     rows (C-contiguous)."""
-    from windowkit.readers._groups import GroupLoader
+    from windowkit.readers.numpy_engine.loader import GroupLoader
 
     loader = GroupLoader.of(plan)
 
@@ -291,12 +291,12 @@ class UniformBatches:
     the same for the ``tf.data`` and Keras readers."""
 
     def __init__(self, plan: ReadPlan, held: HeldRows, *, batch_size: int, seed: int,
-                 normalize: bool, parts: BatchParts, shard: tuple[int, int] = (0, 1)) -> None:
-        self.plan, self.held, self.parts = plan, held, parts
+                 normalize: bool, fields: BatchFields, shard: tuple[int, int] = (0, 1)) -> None:
+        self.plan, self.held, self.fields = plan, held, fields
         self.batch_size = batch_size
         self.order = UniformOrder(plan.runs, seed=seed, shard=shard)
         self.norm: Normalizer | None = plan.store.normalizer() if normalize else None
-        self._columns = parts.horizon_columns(plan.store.target_index)
+        self._columns = fields.horizon_columns(plan.store.target_index)
 
     @property
     def num_windows(self) -> int:
@@ -312,5 +312,15 @@ class UniformBatches:
         permutation is ``key``, as one batch."""
         starts, series = self.order.starts(key, lo, hi)
         x, horizon = self.held.windows(starts, self._columns)
-        return self.parts.assemble(x, horizon, series if self.parts.series else None,
+        return self.fields.assemble(x, horizon, series if self.fields.series else None,
                                    targets=self.plan.store.target_index, norm=self.norm)
+
+
+def uniform_source(plan: ReadPlan, *, batch_size: int, seed: int, normalize: bool,
+                   memory_budget: int, fields: BatchFields,
+                   spill_dir: str | os.PathLike[str] | None = None) -> UniformBatches:
+    """The split's rows held (in memory or spilled) and its uniform batches."""
+    held = HeldRows(plan, memory_budget=memory_budget, spill_dir=spill_dir)
+    shard = plan.shard if plan.dealt else (0, 1)
+    return UniformBatches(plan, held, batch_size=batch_size, seed=seed, normalize=normalize,
+                          fields=fields, shard=shard)

@@ -1,4 +1,5 @@
-"""Parquet stores are ordinary tables: pandas reads the rows back as written."""
+"""Parquet stores: the format contract (tests/format_contract.py), and what only
+Parquet promises: ordinary tables that pandas reads back as written."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import windowkit as wk
+from tests.format_contract import FormatTests
 
 
 def _series(lengths: list[int], features: int, seed: int = 0) -> list[np.ndarray]:
@@ -71,3 +73,9 @@ def test_page_checksums_and_statistics_are_written(tmp_path: Path) -> None:
     column = meta.row_group(0).column(2)
     assert column.compression == "ZSTD"
     assert column.is_stats_set and column.statistics.has_min_max
+
+
+class TestParquet(FormatTests):
+    """The format contract for Parquet stores."""
+
+    format_name = "parquet"
