@@ -116,7 +116,7 @@ def test_every_layout_of_target_and_known_columns(tmp_path: Path, concept_format
 @pytest.mark.parametrize("reader", ["blocks", "global", "keras"])
 def test_each_part_is_normalized_with_its_own_columns(store: wk.Store, reader: str) -> None:
     stats = store.manifest.normalization
-    mean, std = np.array(stats["mean"]), np.array(stats["std"])
+    mean, std = np.array(stats.mean), np.array(stats.std)
     raw = {tuple(x["inputs"][i, 0, :2]): (x, y, i)
            for x, y in _batches(store, reader, return_series=True) for i in range(len(y))}
     for x, y in _batches(store, reader, return_series=True, normalize=True):

@@ -95,8 +95,8 @@ def test_skip_leaves_out_exactly_the_windows_touching_missing_values(
     assert_windows_equal(kx, ky, want_x, want_y, in_order=False)
     assert np.isfinite(kx).all() and np.isfinite(ky).all()
     info = store.manifest.series
-    assert info["missing_rows"] == 1 + 8 + 1 + 1 + 1
-    assert info["nan_skipped_windows"] > 0 and info["gap_skipped_windows"] > 0
+    assert info.missing_rows == 1 + 8 + 1 + 1 + 1
+    assert info.nan_skipped_windows > 0 and info.gap_skipped_windows > 0
 
 
 def test_statistics_leave_out_rows_with_missing_values(tmp_path: Path, concept_format: str) -> None:
@@ -107,9 +107,9 @@ def test_statistics_leave_out_rows_with_missing_values(tmp_path: Path, concept_f
     values = frame[["temp", "wind"]].to_numpy()
     finite = values[np.isfinite(values).all(axis=1)]
     stats = store.manifest.normalization
-    assert stats is not None and stats["count"] == len(finite)
-    np.testing.assert_allclose(stats["mean"], finite.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(stats["std"], finite.std(axis=0), rtol=1e-12)
+    assert stats is not None and stats.count == len(finite)
+    np.testing.assert_allclose(stats.mean, finite.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats.std, finite.std(axis=0), rtol=1e-12)
     x, _ = store.windows("train", np.arange(store.num_windows("train")), normalize=True)
     assert np.isfinite(x).all()
 
@@ -155,7 +155,7 @@ def test_cli_nan_skip_on_npy_series(tmp_path: Path, concept_format: str) -> None
     x, y = store.windows("train", np.arange(store.num_windows("train")))
     assert_windows_equal(x, y, want_x, want_y, in_order=True)
     shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "s")])
-    skipped = store.manifest.series["nan_skipped_windows"]
+    skipped = store.manifest.series.nan_skipped_windows
     assert f"{skipped:,} (they touch one of 4 rows with NaN or inf)" in shown.output
 
 

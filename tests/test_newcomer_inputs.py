@@ -175,10 +175,10 @@ def test_python_errors_name_arguments_and_the_cli_its_flags(tmp_path: Path) -> N
 def test_a_bare_array_is_one_series_of_its_steps(tmp_path: Path) -> None:
     frames = np.random.default_rng(2).normal(size=(40, 6, 10)).astype(np.float32)
     store = wk.convert(frames, tmp_path / "one", window=4)
-    assert store.manifest.series["count"] == 1 and store.step_shape == (6, 10)
+    assert store.manifest.series.count == 1 and store.step_shape == (6, 10)
     _assert_oracle(store, [frames], wk.WindowSpec(4))
     many = wk.convert(list(frames[:, :, :, None]), tmp_path / "many", window=4)  # 40 series
-    assert many.manifest.series["count"] == 40 and many.step_shape == (10, 1)
+    assert many.manifest.series.count == 40 and many.step_shape == (10, 1)
 
 
 def test_dtype_for_a_dataframe(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def test_grunfeld_investment_panel(tmp_path: Path, concept_format: str) -> None:
     features = ["invest", "value", "capital"]
     store = _convert(tmp_path, concept_format, "grunfeld.csv", "--series-col", "firm", "--time-col",
                      "year", "--columns", ",".join(features), "--window", "5", "--horizon", "1")
-    assert store.manifest.series["count"] == 11
+    assert store.manifest.series.count == 11
     assert store.num_windows("train") == 11 * (20 - 6 + 1)
     series = [g[features].to_numpy() for _, g in frame.groupby("firm", sort=False)]
     x, y = _windows(store)
@@ -124,11 +124,11 @@ def test_mauna_loa_co2_with_missing_weeks(tmp_path: Path, concept_format: str) -
     assert store.num_windows("train") == len(want_x) > 0
     x, y = _windows(store)
     assert_windows_equal(x, y, want_x, want_y, in_order=True)
-    assert store.manifest.series["missing_rows"] == 59
-    assert store.manifest.series["gap_skipped_windows"] == 0  # every week is there
+    assert store.manifest.series.missing_rows == 59
+    assert store.manifest.series.gap_skipped_windows == 0  # every week is there
     stats = store.manifest.normalization
     assert stats is not None
-    np.testing.assert_allclose(stats["mean"], [np.nanmean(values)], rtol=1e-12)
+    np.testing.assert_allclose(stats.mean, [np.nanmean(values)], rtol=1e-12)
 
 
 def test_stock_prices_of_different_lengths(tmp_path: Path, concept_format: str) -> None:
@@ -138,7 +138,7 @@ def test_stock_prices_of_different_lengths(tmp_path: Path, concept_format: str) 
                      "date", "--time-format", "%b %d %Y", "--window", "12", "--horizon", "3")
     sizes = frame.groupby("symbol", sort=False).size()
     assert store.num_windows("train") == sum(n - 15 + 1 for n in sizes) == 4 * 109 + 54
-    assert store.manifest.series["gap_skipped_windows"] == 0  # months of 28-31 days
+    assert store.manifest.series.gap_skipped_windows == 0  # months of 28-31 days
     series = [g[["price"]].to_numpy() for _, g in frame.groupby("symbol", sort=False)]
     x, y = _windows(store)
     want_x, want_y = oracle_windows(series, wk.WindowSpec(12, horizon=3))
@@ -164,7 +164,7 @@ def test_seattle_weather_forecasting_one_column(tmp_path: Path, concept_format: 
     want_x, want_y = oracle_windows([frame[features].to_numpy()], wk.WindowSpec(7, horizon=1))
     assert want_y is not None and y is not None and y.shape[1:] == (1, 1)
     assert_windows_equal(x, y, want_x, want_y[:, :, [1]], in_order=True)
-    assert store.manifest.series["time_unit"] == "days"
+    assert store.manifest.series.time_unit == "days"
 
 
 def test_san_francisco_hourly_temperatures_with_a_missing_hour(tmp_path: Path, concept_format: str
@@ -181,7 +181,7 @@ def test_san_francisco_hourly_temperatures_with_a_missing_hour(tmp_path: Path, c
     assert store.num_windows("train") == len(want_x)
     x, _ = _windows(store)
     np.testing.assert_array_equal(x, want_x)
-    assert store.manifest.series["gap_skipped_windows"] > 0
+    assert store.manifest.series.gap_skipped_windows > 0
     # with --max-gap 2h the missing hour is no gap
     spanning = _convert(tmp_path / "again", concept_format, "sf-temps.csv", "--time-col", "date",
                         "--time-format", "%Y/%m/%d %H:%M:%S", "--window", "24",

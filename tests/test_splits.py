@@ -56,9 +56,9 @@ def test_chronological_splits_do_not_leak(tmp_path: Path, concept_format: str) -
     # statistics from training rows only
     train = np.concatenate([a[:int(np.rint(len(a) * 0.7))] for a in arrays]).astype(np.float64)
     stats = store.manifest.normalization
-    np.testing.assert_allclose(stats["mean"], train.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(stats["std"], train.std(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(stats["min"], train.min(axis=0))
+    np.testing.assert_allclose(stats.mean, train.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats.std, train.std(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats.min, train.min(axis=0))
 
 
 def test_split_by_series_assigns_whole_series(tmp_path: Path, concept_format: str) -> None:

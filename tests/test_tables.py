@@ -122,7 +122,7 @@ def test_real_looking_tables_give_the_oracle_windows(tmp_path: Path, concept_for
         first = first.astype(np.int64)
     assert table["first_time"].tolist() == first.tolist()
     unrestricted = sum(spec.num_windows(n) for n in frame.groupby(series, sort=False).size())
-    assert store.manifest.series["gap_skipped_windows"] == unrestricted - len(expected)
+    assert store.manifest.series.gap_skipped_windows == unrestricted - len(expected)
 
 
 def test_max_gap_lets_windows_span_larger_steps(tmp_path: Path, concept_format: str) -> None:
@@ -147,7 +147,7 @@ def test_a_wide_csv_is_one_series(tmp_path: Path, concept_format: str) -> None:
     values = np.random.default_rng(0).normal(size=(200, 4))
     pd.DataFrame(values, columns=list("abcd")).to_csv(tmp_path / "wide.csv", index=False)
     store = wk.convert(tmp_path / "wide.csv", tmp_path / "s", format=concept_format, window=10)
-    assert store.manifest.series["count"] == 1 and store.manifest.columns == list("abcd")
+    assert store.manifest.series.count == 1 and store.manifest.columns == list("abcd")
     np.testing.assert_allclose(_all_windows(store), oracle_windows([values], wk.WindowSpec(10))[0])
 
 

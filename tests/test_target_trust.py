@@ -7,7 +7,6 @@ over by one conditional write."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -77,7 +76,7 @@ def test_a_valid_manifest_listing_a_users_file_does_not_delete_it(
     [retired] = tmp_path.glob(".store.windowkit-old-*")
     assert sorted(p.name for p in retired.iterdir()) == ["thesis.txt"]
     assert (retired / "thesis.txt").read_text() == "three years of work"
-    assert wk.open_store(store.path).manifest.series["count"] == 2
+    assert wk.open_store(store.path).manifest.series.count == 2
 
 
 def test_a_listed_file_the_user_changed_is_kept(tmp_path: Path, sources: list[Path],
@@ -137,7 +136,7 @@ def _unopenable(monkeypatch: pytest.MonkeyPatch) -> None:
     real = _pipeline.finalize
 
     def finalize(*args: Any, **kwargs: Any) -> Any:
-        return dataclasses.replace(real(*args, **kwargs), step_shape=(1,) * 9)
+        return real(*args, **kwargs).model_copy(update={"step_shape": (1,) * 9})
 
     monkeypatch.setattr(_pipeline, "finalize", finalize)
 
@@ -189,7 +188,7 @@ def test_a_remote_object_the_user_changed_is_refused(s3_bucket: str, concept_for
         assert {name: fs.cat(name) for name in fs.find(_s3(s3_bucket))} == before
     fs.pipe(key, original)
     store = wk.convert(series[:1], url, format=concept_format, window=8, overwrite=True)
-    assert store.manifest.series["count"] == 1
+    assert store.manifest.series.count == 1
 
 
 @pytest.mark.parametrize("root", ["", "/"])

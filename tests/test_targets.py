@@ -78,7 +78,7 @@ def test_normalized_targets_use_their_own_columns_statistics(tmp_path: Path,
                        time_col="hour", target_columns=["wind"])
     stats = store.manifest.normalization
     assert stats is not None
-    mean, std = np.array(stats["mean"]), np.array(stats["std"])
+    mean, std = np.array(stats.mean), np.array(stats.std)
     want_x, want_y = _oracle(frame, [3])
     want_x = (want_x - mean) / std
     want_y = (want_y - mean[3]) / std[3]

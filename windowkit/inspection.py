@@ -21,7 +21,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     data_bytes = sum(f.bytes for f in m.files if f.path.startswith("data/"))
     total_bytes = sum(f.bytes for f in m.files)
     order = [n for n in m.options.get("split") or [] if n in m.splits] or sorted(m.splits)
-    unit = m.series.get("time_unit", "")
+    unit = m.series.time_unit
     return {
         "path": str(store.path),
         "format": m.format,
@@ -32,22 +32,22 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "target_columns": m.target_columns,
         "known_columns": m.known_columns,
         "static_columns": m.static_columns,
-        "window": m.window.to_dict(),
-        "series": m.series["count"],
-        "too_short_series": m.series["too_short"],
-        "gap_skipped_windows": m.series.get("gap_skipped_windows", 0),
-        "nan_skipped_windows": m.series.get("nan_skipped_windows", 0),
-        "missing_rows": m.series.get("missing_rows", 0),
-        "time_column": m.series.get("time_column"),
+        "window": m.spec.to_dict(),
+        "series": m.series.count,
+        "too_short_series": m.series.too_short,
+        "gap_skipped_windows": m.series.gap_skipped_windows,
+        "nan_skipped_windows": m.series.nan_skipped_windows,
+        "missing_rows": m.series.missing_rows,
+        "time_column": m.series.time_column,
         "rows": m.total_rows,
-        "splits": {name: m.splits[name]["windows"] for name in order},
+        "splits": {name: m.splits[name].windows for name in order},
         "split_context": m.options.get("split_context", "none"),
         # the times of the split's earliest window's first row (first target under the
         # history context) and its latest window's last row, recorded at conversion
         # from the index entries and the series' times
-        "split_times": {name: [_time(m.splits[name].get(k), unit)
-                               for k in ("first_time", "last_time")]
-                        for name in order if m.splits[name].get("first_time") is not None},
+        "split_times": {name: [_time(m.splits[name].first_time, unit),
+                               _time(m.splits[name].last_time, unit)]
+                        for name in order if m.splits[name].first_time is not None},
         "block_rows": m.block_rows,
         "block_bytes": m.block_rows * store.layout.row_bytes,
         "compression": m.data.get("compression"),

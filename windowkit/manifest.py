@@ -1,10 +1,11 @@
 """The store manifest ``windowkit.json``: written last (the commit point), read first.
 
-A store is untrusted input. :meth:`Manifest.read` validates the manifest
-against a schema (pydantic; exact types, ranges, and sizes consistent with each
-other and with the files it lists), requires every path in it to be relative,
-normalized and inside the store, and refuses a store whose files are symbolic
-links. Opening never writes.
+A store is untrusted input. :class:`Manifest` is the schema and the manifest
+at once (a pydantic model: exact types, ranges, and sizes consistent with each
+other and with the files it lists); :meth:`Manifest.read` validates a store's,
+requires every path in it to be relative, normalized and inside the store, and
+refuses a store whose files are symbolic links. Opening never writes; a new
+manifest is validated the same way before it is written (:meth:`Manifest.of`).
 
 Every conversion gets a *store id*, a digest of everything the store's bytes
 depend on (sources, options, windowkit's version). Data files carry it where
@@ -20,7 +21,6 @@ import json
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -43,6 +43,7 @@ from windowkit._schema import (
 from windowkit.errors import StoreError
 from windowkit.formats import FORMATS
 from windowkit.guard import MANIFEST_NAME, read_manifest_bytes
+from windowkit.layout import RowLayout
 from windowkit.location import is_remote
 from windowkit.spec import WindowSpec
 
@@ -93,21 +94,27 @@ class FileEntry(Strict):
 
 
 # -- the schema ---------------------------------------------------------------------------
-class _Window(Strict):
+class WindowSection(Strict):
+    """How the windows were cut (``WindowSpec``'s fields)."""
+
     length: int = Field(ge=1, le=MAX_SPAN)
     stride: int = Field(ge=1, le=MAX_SPAN)
     sampling_rate: int = Field(ge=1, le=MAX_SPAN)
     horizon: int = Field(ge=0, le=MAX_SPAN)
 
 
-class _Split(Strict):
+class SplitEntry(Strict):
+    """One split: its windows, its index table, its targets' time range."""
+
     windows: Count
     index: StorePath
     first_time: int | None = None
     last_time: int | None = None
 
 
-class _Series(Strict):
+class SeriesSection(Strict):
+    """The series: how many, and what conversion left out of them."""
+
     count: Positive
     too_short: Count
     gap_skipped_windows: Count = 0
@@ -118,7 +125,9 @@ class _Series(Strict):
     time_zone: str | None = None
 
 
-class _Statistics(Strict):
+class Statistics(Strict):
+    """Per-column statistics of the training rows (or static features)."""
+
     count: Count
     mean: list[float]
     std: list[float]
@@ -126,7 +135,10 @@ class _Statistics(Strict):
     max: list[float]
 
 
-class _Manifest(Strict):
+class Manifest(Strict):
+    """The manifest of a store, validated: everything a reader needs to know
+    about it. :meth:`parse` and :meth:`read` are the ways to get one."""
+
     format_version: Literal[3]
     store_id: HexId
     format: Name
@@ -136,21 +148,21 @@ class _Manifest(Strict):
     target_columns: list[Name] | None = None
     known_columns: list[Name] | None = None
     static_columns: list[Name] | None = None
-    static_statistics: _Statistics | None = None
-    window: _Window
+    static_statistics: Statistics | None = None
+    window: WindowSection
     total_rows: Count
     block_rows: Positive
-    splits: dict[Name, _Split] = Field(min_length=1)
-    series: _Series
+    splits: dict[Name, SplitEntry] = Field(min_length=1)
+    series: SeriesSection
     data: dict[str, Any]
-    normalization: _Statistics | None
+    normalization: Statistics | None
     options: dict[str, Any]
     source_fingerprint: Sha256
     files: list[FileEntry]
     root: str = Field(default="", pattern=GENERATION_PATTERN)
 
     @model_validator(mode="after")
-    def _consistent(self) -> _Manifest:
+    def _consistent(self) -> Manifest:
         if self.format not in FORMATS:
             raise ValueError(f"format {self.format!r} is not one of {', '.join(FORMATS)}")
         items = int(np.prod(self.step_shape, dtype=np.int64))
@@ -207,7 +219,94 @@ class _Manifest(Strict):
         return self
 
 
-def check_statistics(stats: _Statistics, where: str, dtype: str, values: int) -> None:
+    # -- what readers ask of it ----------------------------------------------------------
+    @property
+    def spec(self) -> WindowSpec:
+        """How the store's windows were cut."""
+        return WindowSpec(**self.window.model_dump())
+
+    @property
+    def layout(self) -> RowLayout:
+        """The stored rows: dtype, step shape, count and storage blocks."""
+        return RowLayout(np.dtype(self.dtype), tuple(self.step_shape), self.total_rows,
+                         self.block_rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON-able values, as ``windowkit.json`` holds it
+        (the keys it was given: a section's defaults are not written out)."""
+        out = self.model_dump(mode="json", exclude_unset=True)
+        if not self.root:  # the store's files at its root: no "root" key
+            out.pop("root", None)
+        return out
+
+    def data_root(self, store: Path) -> Path:
+        """Where the files of the store at ``store`` are (its ``root`` folder)."""
+        return store / self.root if self.root else store
+
+    def file_keys(self) -> list[str]:
+        """Each listed file's path relative to the store's root (``root`` included)."""
+        return [f"{self.root}/{entry.path}" if self.root else entry.path
+                for entry in self.files]
+
+    # -- reading and writing ----------------------------------------------------------------
+    @classmethod
+    def parse(cls, raw: bytes, where: str) -> Manifest:
+        """A manifest from the bytes of ``windowkit.json``, validated with its
+        format's ``data`` section (``where`` names the file in errors)."""
+        try:
+            version = json.loads(raw).get("format_version")
+        except (ValueError, AttributeError) as exc:
+            raise StoreError(f"{where}: manifest is not a JSON object ({exc})") from exc
+        except RecursionError:
+            raise StoreError(f"{where}: manifest is not a windowkit manifest (JSON nested "
+                             "too deeply)") from None
+        if version != FORMAT_VERSION:
+            raise StoreError(f"{where}: store format version {version!r} is not supported "
+                             f"(expected {FORMAT_VERSION}); convert the sources again")
+        try:
+            model = cls.model_validate_json(raw)
+            data = FORMATS[model.format].data_model.model_validate(
+                model.data, context={"total_rows": model.total_rows,
+                                     "row_bytes": model.layout.row_bytes,
+                                     "block_rows": model.block_rows,
+                                     "span": model.spec.span,
+                                     "files": {entry.path for entry in model.files}})
+        except ValidationError as exc:
+            prefix = "data." if "model" in locals() else ""
+            raise StoreError(f"{where}: invalid manifest, {prefix}{describe_error(exc)}"
+                             ) from exc
+        return model.model_copy(update={"data": data.model_dump()})
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> Manifest:
+        """A new manifest from plain values, validated as a store's would be."""
+        raw = json.dumps({"format_version": FORMAT_VERSION, **fields}).encode()
+        return cls.parse(raw, "the new store's manifest")
+
+    def with_root(self, root: str) -> Manifest:
+        """The same manifest, its files under the folder ``root``."""
+        return self.model_copy(update={"root": root})
+
+    def write(self, root: Path) -> None:
+        """Write the manifest durably (temporary file, fsync, rename)."""
+        target = root / MANIFEST_NAME
+        tmp = root / (MANIFEST_NAME + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(self.to_dict(), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+
+    @classmethod
+    def read(cls, root: Path) -> Manifest:
+        """The validated manifest of the store at ``root``; its files must not be links."""
+        manifest = cls.parse(read_manifest_bytes(root), str(root / MANIFEST_NAME))
+        refuse_links(root, manifest.file_keys())
+        return manifest
+
+
+def check_statistics(stats: Statistics, where: str, dtype: str, values: int) -> None:
     """Raise ``ValueError`` unless the statistics could be those of at most ``values``
     values per column of ``dtype``: finite in the dtype normalization computes
     in, ``min <= mean <= max``, ``0 <= std <= max - min``, ``1 / std`` finite."""
@@ -227,113 +326,6 @@ def check_statistics(stats: _Statistics, where: str, dtype: str, values: int) ->
         if std < 0 or std > (high - low) * (1 + 1e-9) + slack or 0 < std < tiny:
             raise ValueError(f"{where} of column {k}: std {std} is not in 0..max - min "
                              f"({high - low}), or so small that 1/std overflows {compute.__name__}")
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Everything a reader needs to know about a store."""
-
-    format: str
-    dtype: str
-    step_shape: tuple[int, ...]
-    columns: list[str] | None
-    window: WindowSpec
-    total_rows: int
-    block_rows: int
-    splits: dict[str, dict[str, Any]]
-    series: dict[str, Any]
-    data: dict[str, Any]
-    normalization: dict[str, Any] | None
-    options: dict[str, Any]
-    source_fingerprint: str
-    store_id: str
-    files: list[FileEntry] = field(default_factory=list)
-    target_columns: list[str] | None = None  # y holds only these columns
-    known_columns: list[str] | None = None  # future_known holds these over the horizon
-    static_columns: list[str] | None = None  # one value per series (series.parquet)
-    static_statistics: dict[str, Any] | None = None  # of the training series' values
-    format_version: int = FORMAT_VERSION
-    #: The folder under the store (one segment) that every path above is relative
-    #: to: a replaced store on object storage writes its files under a new one
-    #: (its *generation*), the manifest at the store's root last. "": the store's root.
-    root: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["window"] = self.window.to_dict()
-        out["step_shape"] = list(self.step_shape)
-        out["files"] = [entry.model_dump() for entry in self.files]
-        if not self.root:  # today's layout: the manifest as before
-            del out["root"]
-        return out
-
-    def data_root(self, store: Path) -> Path:
-        """Where the files of the store at ``store`` are (its ``root`` folder)."""
-        return store / self.root if self.root else store
-
-    def file_keys(self) -> list[str]:
-        """Each listed file's path relative to the store's root (``root`` included)."""
-        return [f"{self.root}/{entry.path}" if self.root else entry.path
-                for entry in self.files]
-
-    @classmethod
-    def parse(cls, raw: bytes, where: str) -> Manifest:
-        """A manifest from the bytes of ``windowkit.json``, validated (``where``
-        names the file in errors)."""
-        try:
-            version = json.loads(raw).get("format_version")
-        except (ValueError, AttributeError) as exc:
-            raise StoreError(f"{where}: manifest is not a JSON object ({exc})") from exc
-        except RecursionError:
-            raise StoreError(f"{where}: manifest is not a windowkit manifest (JSON nested "
-                             "too deeply)") from None
-        if version != FORMAT_VERSION:
-            raise StoreError(f"{where}: store format version {version!r} is not supported "
-                             f"(expected {FORMAT_VERSION}); convert the sources again")
-        try:
-            model = _Manifest.model_validate_json(raw)
-            data = FORMATS[model.format].data_model.model_validate(
-                model.data, context={"total_rows": model.total_rows,
-                                     "row_bytes": np.dtype(model.dtype).itemsize * int(
-                                         np.prod(model.step_shape, dtype=np.int64)),
-                                     "block_rows": model.block_rows,
-                                     "span": WindowSpec(**model.window.model_dump()).span,
-                                     "files": {entry.path for entry in model.files}})
-        except ValidationError as exc:
-            prefix = "data." if "model" in locals() else ""
-            raise StoreError(f"{where}: invalid manifest, {prefix}{describe_error(exc)}"
-                             ) from exc
-        return cls(
-            format=model.format, dtype=model.dtype, step_shape=tuple(model.step_shape),
-            columns=model.columns, target_columns=model.target_columns,
-            known_columns=model.known_columns, static_columns=model.static_columns,
-            static_statistics=(model.static_statistics.model_dump()
-                               if model.static_statistics else None),
-            window=WindowSpec(**model.window.model_dump()), total_rows=model.total_rows,
-            block_rows=model.block_rows,
-            splits={name: split.model_dump() for name, split in model.splits.items()},
-            series=model.series.model_dump(exclude_unset=True), data=data.model_dump(),
-            normalization=model.normalization.model_dump() if model.normalization else None,
-            options=model.options, source_fingerprint=model.source_fingerprint,
-            store_id=model.store_id, files=list(model.files), root=model.root)
-
-    def write(self, root: Path) -> None:
-        """Write the manifest durably (temporary file, fsync, rename)."""
-        target = root / MANIFEST_NAME
-        tmp = root / (MANIFEST_NAME + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(self.to_dict(), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-
-    @classmethod
-    def read(cls, root: Path) -> Manifest:
-        """The validated manifest of the store at ``root``; its files must not be links."""
-        manifest = cls.parse(read_manifest_bytes(root), str(root / MANIFEST_NAME))
-        refuse_links(root, manifest.file_keys())
-        return manifest
 
 
 def refuse_links(root: Path, paths: list[str]) -> None:

@@ -50,7 +50,7 @@ class SeriesTable:
         return table
 
     def _check(self, table: Any) -> None:
-        path, count = self.path, self._manifest.series["count"]
+        path, count = self.path, self._manifest.series.count
         if len(table) != count:
             raise StoreError(f"{path}: holds {len(table)} series, the manifest says {count}")
         missing = [name for name in self.columns() if table.column(name).null_count]

@@ -35,7 +35,7 @@ class SplitIndexes:
         self._runs: dict[str, WindowRuns] = {}
 
     def _path(self, split: str) -> Path:
-        return self._root / self._manifest.splits[split]["index"]
+        return self._root / self._manifest.splits[split].index
 
     def table(self, split: str) -> np.ndarray:
         """The index as an ``[n, 3]`` int64 array ``(series, start, length)``,
@@ -48,7 +48,7 @@ class SplitIndexes:
     def limits(self, split: str) -> IndexLimits:
         """What each entry must satisfy: inside the split's rows, on the grid."""
         first, end = self._series.split_rows(split)
-        spec = self._manifest.window
+        spec = self._manifest.spec
         return IndexLimits(self._series.int_column("rows"), first=first, end=end,
                            span=spec.span, length=spec.length, stride=spec.stride)
 
@@ -58,11 +58,11 @@ class SplitIndexes:
         with self._lock:
             if split not in self._runs:
                 runs = read_window_runs(
-                    self._path(split), stride=self._manifest.window.stride,
+                    self._path(split), stride=self._manifest.spec.stride,
                     row_offset=self._series.int_column("row_offset"),
                     limits=self.limits(split))
                 self._guard.check()
-                expected = int(self._manifest.splits[split]["windows"])
+                expected = self._manifest.splits[split].windows
                 if runs.total != expected:
                     raise StoreError(f"{self._path(split)}: the index of split {split!r} "
                                      f"holds {runs.total} windows, the manifest says "

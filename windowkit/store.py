@@ -20,7 +20,7 @@ from windowkit.guard import StoreGuard
 from windowkit.index import IndexLimits, WindowRuns
 from windowkit.layout import RowLayout
 from windowkit.location import resolve
-from windowkit.manifest import Manifest
+from windowkit.manifest import Manifest, SplitEntry, Statistics
 from windowkit.readers import (
     DEFAULT_CACHE_BYTES,
     BatchOptions,
@@ -96,7 +96,7 @@ class Store:
 
     @property
     def spec(self) -> WindowSpec:
-        return self.manifest.window
+        return self.manifest.spec
 
     @property
     def dtype(self) -> np.dtype:
@@ -132,7 +132,7 @@ class Store:
     def splits(self) -> list[str]:
         return list(self.manifest.splits)
 
-    def _split(self, split: str) -> dict[str, Any]:
+    def _split(self, split: str) -> SplitEntry:
         if split not in self.manifest.splits:
             raise InvalidSpecError(
                 f"split {split!r} is not in store {self.path}; splits: {', '.join(self.splits)}"
@@ -140,7 +140,7 @@ class Store:
         return self.manifest.splits[split]
 
     def num_windows(self, split: str = "train") -> int:
-        return int(self._split(split)["windows"])
+        return self._split(split).windows
 
     @cached_property
     def _series(self) -> SeriesTable:
@@ -195,10 +195,10 @@ class Store:
         """The store opened for reading (what every reader starts from)."""
         m = self.manifest
         return StoreAccess(path=self.root, format=m.format, spec=self.spec, layout=self.layout,
-                           data=m.data, store_id=m.store_id, statistics=m.normalization,
+                           data=m.data, store_id=m.store_id, statistics=_as_dict(m.normalization),
                            target_index=self.target_index, known_index=self.known_index,
                            static_values=self.static_values,
-                           static_statistics=m.static_statistics, guard=self.guard)
+                           static_statistics=_as_dict(m.static_statistics), guard=self.guard)
 
     def read_plan(self, split: str = "train") -> ReadPlan:
         """What a reader needs to read ``split``: the rows and the split's windows
@@ -356,3 +356,7 @@ class Store:
         return WindowPyDataset(plan, batch, order, workers=workers,
                                use_multiprocessing=use_multiprocessing,
                                max_queue_size=max_queue_size)
+
+
+def _as_dict(stats: Statistics | None) -> dict[str, Any] | None:
+    return None if stats is None else stats.model_dump()

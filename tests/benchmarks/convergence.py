@@ -307,7 +307,7 @@ def _summary(task: Task, store: wk.Store, args: argparse.Namespace,
             "batch": task.batch, "learning_rate": task.learning_rate,
             "window": spec.length, "horizon": spec.horizon,
             "features": int(np.prod(store.step_shape)),
-            "series": int(store.manifest.series["count"]),
+            "series": int(store.manifest.series.count),
             "train_windows": store.num_windows("train"),
             "val_windows": min(store.num_windows("val"), args.val_windows),
             "format": args.format, "image": f"img/convergence-{task.name}.png", **more}

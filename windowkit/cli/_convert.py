@@ -132,7 +132,7 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
     if not quiet:
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "
-                   f"{store.manifest.series['count']} series, {total} windows", err=True)
+                   f"{store.manifest.series.count} series, {total} windows", err=True)
 
 
 def _names(text: str | None) -> list[str] | None:

@@ -210,11 +210,11 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
     known = {f.path: f for result in results for f in result.files}
     layout, names = plan.layout, plan.splits.names
     first = plan.series[0]
-    return Manifest(
+    return Manifest.of(dict(
         format=options.format, dtype=layout.rows.dtype.name, step_shape=layout.rows.step_shape,
         columns=plan.columns, target_columns=plan.target_columns,
         known_columns=plan.known_columns, static_columns=plan.static_columns,
-        static_statistics=static_statistics(plan), window=layout.window,
+        static_statistics=static_statistics(plan), window=layout.window.to_dict(),
         total_rows=layout.rows.total_rows, block_rows=layout.rows.block_rows, splits=index.splits,
         series={"count": len(plan.series),
                 "too_short": int((plan.placement.rows < layout.window.span).sum()),
@@ -234,5 +234,5 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
                  "normalization_rows": "train" if "train" in names else names[0]},
         source_fingerprint=plan.fingerprint, store_id=plan.store_id,
         # part files are in the workspace, or (for a URL target) already uploaded
-        files=[known.get(f) or FileEntry.of(root, f)
-               for f in sorted(set(workspace.files()) | set(known))])
+        files=[(known.get(f) or FileEntry.of(root, f)).model_dump()
+               for f in sorted(set(workspace.files()) | set(known))]))

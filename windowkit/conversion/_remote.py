@@ -50,7 +50,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -340,7 +340,7 @@ def _published_manifest(local: Path, replaced: Replaced) -> tuple[Manifest, byte
     folder when it replaces a store, validated again with the open-time rules."""
     where = str(local / MANIFEST_NAME)
     manifest = Manifest.parse((local / MANIFEST_NAME).read_bytes(), where)
-    manifest = replace(manifest, root=generation(manifest.store_id, replaced))
+    manifest = manifest.with_root(generation(manifest.store_id, replaced))
     raw = (json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n").encode()
     return Manifest.parse(raw, where), raw
 
