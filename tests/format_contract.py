@@ -37,68 +37,31 @@ from hypothesis import strategies as st
 
 import windowkit as wk
 from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
-from tests.test_data_safety import _damage_a_block, _one_line_error, _snapshot
-from tests.test_remote import _series, _upload
-from tests.test_safety import SPEC, _convert, _interrupted_convert, _leftovers, _tree
+from tests.helpers import (
+    ALL_DTYPES,
+    SPEC,
+    assert_one_line_error,
+    check_normalized,
+    convert_sources,
+    damage_a_block,
+    datasets,
+    dtype_series,
+    file_tree,
+    interrupted_convert,
+    leftovers,
+    normalized,
+    numbered_series,
+    random_series,
+    snapshot,
+    sorted_rows,
+    upload,
+)
 from windowkit.cli import main
 from windowkit.formats import get_format
 from windowkit.readers.keras import WindowPyDataset
 from windowkit.sampler import Sampler
 from windowkit.store import Windows
 from windowkit.verify import verify_store
-
-#: Every dtype a store may hold: each must round-trip bit-exactly through every reader.
-ALL_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-              "float16", "float32", "float64"]
-DTYPES = [np.dtype(name) for name in ALL_DTYPES]
-STEP_SHAPES = st.sampled_from([(), (1,), (3,), (2, 3, 2)])
-
-
-def dtype_values(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator, *,
-                 extremes: bool = False) -> np.ndarray:
-    """Random values of ``dtype``: integers over its whole range, bools, floats
-    around 0 (with ``extremes``: any finite bit pattern, so every exponent, and
-    first the dtype's edge values: min, max, the tiniest normal and subnormal
-    numbers, -0.0). Never NaN or infinity, which convert refuses."""
-    if dtype.kind == "b":
-        values = rng.integers(0, 2, size=shape).astype(dtype)
-        edges = np.array([True, False], dtype=dtype)
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        values = rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
-        edges = np.array([info.min, info.max, 0, 1, info.max // 2 + 1], dtype=dtype)
-    elif not extremes:
-        return rng.normal(0, 100, size=shape).astype(dtype)
-    else:
-        finfo = np.finfo(dtype)
-        bits = np.dtype(f"u{dtype.itemsize}")
-        values = rng.integers(0, np.iinfo(bits).max, size=shape, dtype=bits,
-                              endpoint=True).view(dtype)
-        values = np.where(np.isfinite(values), values, dtype.type(1.5))
-        tiny, sub = finfo.tiny, finfo.smallest_subnormal
-        edges = np.array([finfo.min, finfo.max, tiny, -tiny, sub, -sub, tiny - sub, -0.0, 0.0,
-                          finfo.eps, 1 + finfo.eps, -1.0], dtype=dtype)
-    if extremes:
-        flat = values.reshape(-1)
-        flat[:len(edges)] = edges[:len(flat)]
-    return values
-
-
-@st.composite
-
-
-def datasets(draw: st.DrawFn) -> tuple[list[np.ndarray], wk.WindowSpec, int]:
-    dtype = draw(st.sampled_from(DTYPES))
-    step = draw(STEP_SHAPES)
-    spec = wk.WindowSpec(length=draw(st.integers(1, 6)), stride=draw(st.integers(1, 3)),
-                         sampling_rate=draw(st.integers(1, 3)), horizon=draw(st.integers(0, 3)))
-    # at least one series holds a window (else convert refuses: tests/test_bad_input.py)
-    lengths = draw(st.lists(st.integers(1, 50), min_size=0, max_size=3))
-    lengths.insert(draw(st.integers(0, len(lengths))), draw(st.integers(spec.span, 50)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    series = [dtype_values(dtype, (n, *step), rng) for n in lengths]
-    block_rows = draw(st.integers(1, 24))
-    return series, spec, block_rows
 
 
 def _convert_series(tmp: str, fmt: str, series: list[np.ndarray], spec: wk.WindowSpec,
@@ -140,38 +103,6 @@ def _check_epoch(got: tuple[np.ndarray, np.ndarray | None], expected_x: np.ndarr
             _assert_same_bits(y, expected_y)
     else:  # keys are bytes: the multisets are compared bit for bit
         assert_windows_equal(x, y, expected_x, expected_y, in_order=False)
-
-
-def _dtype_series(dtype: str) -> list[np.ndarray]:
-    rng = np.random.default_rng(sum(map(ord, dtype)))
-    return [dtype_values(np.dtype(dtype), (60, 2), rng, extremes=True) for _ in range(3)]
-
-
-def _normalized(store: wk.Store, x: np.ndarray, y: np.ndarray | None
-                ) -> tuple[np.ndarray, np.ndarray | None]:
-    norm = store.normalizer()
-    return norm(x), (norm.select(store.target_index)(y) if y is not None else None)
-
-
-def _check_normalized(got: tuple[np.ndarray, np.ndarray | None],
-                      expected: tuple[np.ndarray, np.ndarray | None], dtype: str) -> None:
-    """Normalized windows are float32 (float64 stays float64) and match NumPy's."""
-    want = np.dtype(np.float64 if dtype == "float64" else np.float32)
-    assert (got[1] is None) == (expected[1] is None)
-    for part, expected_part in zip(got, expected, strict=True):
-        if expected_part is not None:
-            assert part is not None and part.dtype == want
-            np.testing.assert_allclose(part, expected_part, rtol=1e-6)
-
-
-def _numbered_series(lengths: list[int], features: int = 2) -> list[np.ndarray]:
-    """Series whose every row is unique: value = global row id (and a feature tag)."""
-    out, base = [], 0
-    for n in lengths:
-        rows = np.arange(base, base + n, dtype=np.float64)[:, None]
-        out.append(np.concatenate([rows] + [rows + 0.5] * (features - 1), axis=1))
-        base += n
-    return out
 
 
 def _data_and_index_bytes(store: wk.Store) -> dict[str, bytes]:
@@ -250,11 +181,6 @@ def _graph_ops(ds: tf.data.Dataset) -> set[str]:
     return ops
 
 
-def _sorted_rows(x: np.ndarray) -> np.ndarray:
-    flat = x.reshape(len(x), -1)
-    return flat[np.lexsort(flat.T[::-1])]
-
-
 class FormatTests:
     """The contract every format passes. A subclass sets ``format_name``; each
     test takes the ``fmt`` fixture, which is that name."""
@@ -269,7 +195,7 @@ class FormatTests:
     @pytest.fixture
     def reference(self, tmp_path: Path, sources: list[Path], fmt: str) -> dict[str, bytes]:
         """The files of an uninterrupted conversion of ``sources``."""
-        return _tree(_convert(sources, tmp_path / "reference", fmt).path)
+        return file_tree(convert_sources(sources, tmp_path / "reference", fmt).path)
 
     # -- 1. write and read: round trips against the oracle, dtypes, files ----------------------
 
@@ -316,7 +242,7 @@ class FormatTests:
         access, tf_dataset and keras_dataset, in order and shuffled, with and
         without a horizon (each reader sees both orders across the two stores);
         normalized (float) windows come from random access and keras_dataset."""
-        series = _dtype_series(dtype)
+        series = dtype_series(dtype)
         for horizon, tf_in_order in ((2, True), (0, False)):
             spec = wk.WindowSpec(5, stride=2, horizon=horizon)
             expected_x, expected_y = oracle_windows(series, spec)
@@ -335,21 +261,21 @@ class FormatTests:
                 with pytest.raises(wk.StoreError, match="no normalization statistics"):
                     store.windows("train", positions, normalize=True)
                 continue
-            expected = _normalized(store, expected_x, expected_y)
+            expected = normalized(store, expected_x, expected_y)
             got = store.windows("train", positions, normalize=True)
-            _check_normalized(_pair(got), expected, dtype)
+            check_normalized(_pair(got), expected, dtype)
             keras = store.keras_dataset("train", 32, shuffle=False, normalize=True)
-            _check_normalized(_keras_epoch(keras), expected, dtype)
+            check_normalized(_keras_epoch(keras), expected, dtype)
 
     def test_store_pickles_and_reopens(self, fmt: str, tmp_path: Path) -> None:
-        series = _numbered_series([80, 40])
+        series = numbered_series([80, 40])
         store = wk.convert(series, tmp_path / "s", format=fmt, window=6, block_rows=8)
         before = store.windows("train", [0, 50, 100])
         clone = pickle.loads(pickle.dumps(store))
         np.testing.assert_array_equal(clone.windows("train", [0, 50, 100]), before)
 
     def test_index_table_and_manifest(self, fmt: str, tmp_path: Path) -> None:
-        series = _numbered_series([30, 3, 12])
+        series = numbered_series([30, 3, 12])
         spec = wk.WindowSpec(4, stride=3, horizon=1)
         store = wk.convert(series, tmp_path / "s", format=fmt, window=spec)
         index = store.index("train")
@@ -369,7 +295,7 @@ class FormatTests:
 
     @pytest.mark.parametrize("compression", ["zstd", "gzip", "none", "lz4"])
     def test_compressions(self, fmt: str, tmp_path: Path, compression: str) -> None:
-        series = _numbered_series([100])
+        series = numbered_series([100])
         if compression not in get_format(fmt).compressions:
             with pytest.raises(wk.InvalidSpecError,
                                match=f"compression 'lz4' is not valid for {fmt}"):
@@ -381,7 +307,7 @@ class FormatTests:
         np.testing.assert_array_equal(store.windows("train", [95])[0], series[0][95:100])
 
     def test_parallel_convert_writes_the_same_store(self, fmt: str, tmp_path: Path) -> None:
-        series = _numbered_series([700, 45, 900])
+        series = numbered_series([700, 45, 900])
         spec = wk.WindowSpec(6, stride=2, horizon=1)
         one = wk.convert(series, tmp_path / "one", format=fmt, window=spec, block_rows=64,
                          parts=5)
@@ -408,7 +334,7 @@ class FormatTests:
         """No generator: block groups' order is computed by graph ops, and Python
         runs once per group of blocks (a stateless numpy_function reading them);
         uniform batches are one stateless numpy_function call per chunk of batches."""
-        store = wk.convert(_series([500, 300]), tmp_path / "s", format=fmt,
+        store = wk.convert(random_series([500, 300]), tmp_path / "s", format=fmt,
                            window=wk.WindowSpec(8, horizon=1), block_rows=64, parts=2)
         ops = _graph_ops(store.tf_dataset("train", 32, shuffle="blocks", normalize=True))
         assert not {op for op in ops if "Generator" in op}
@@ -444,48 +370,48 @@ class FormatTests:
             self, tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
             monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
         out = tmp_path / "out" / "store"
-        _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=2)
+        interrupted_convert(monkeypatch, sources, out, fmt, parts_done=2)
         assert not out.exists()
-        assert _leftovers(out.parent) == [".store.windowkit-partial"]
+        assert leftovers(out.parent) == [".store.windowkit-partial"]
         calls = []
         storage = get_format(fmt)
         original = type(storage).write_part
         monkeypatch.setattr(type(storage), "write_part",
                             lambda self, *a: calls.append(a[2].number) or original(self, *a))
         with caplog.at_level(logging.INFO, logger="windowkit"):
-            store = _convert(sources, out, fmt)
+            store = convert_sources(sources, out, fmt)
         assert calls == [2, 3, 4, 5], "finished parts were written again"
         assert "resuming an interrupted conversion: 2 of 6 parts already written" in caplog.text
-        assert _tree(store.path) == reference
-        assert _leftovers(out.parent) == []
+        assert file_tree(store.path) == reference
+        assert leftovers(out.parent) == []
         assert verify_store(out) == []
 
     def test_a_damaged_finished_part_is_written_again(
             self, tmp_path: Path, sources: list[Path], fmt: str, reference: dict[str, bytes],
             monkeypatch: pytest.MonkeyPatch) -> None:
         out = tmp_path / "store"
-        _interrupted_convert(monkeypatch, sources, out, fmt, parts_done=3)
+        interrupted_convert(monkeypatch, sources, out, fmt, parts_done=3)
         partial = tmp_path / ".store.windowkit-partial"
         part_file = sorted(f for f in (partial / "data").rglob("*") if f.is_file()
                             and f.name not in ("zarr.json",))[0]
         data = bytearray(part_file.read_bytes())
         data[len(data) // 2] ^= 0xFF
         part_file.write_bytes(bytes(data))
-        assert _tree(_convert(sources, out, fmt).path) == reference
+        assert file_tree(convert_sources(sources, out, fmt).path) == reference
 
     @pytest.mark.parametrize("how", ["flip", "truncate", "delete"])
     def test_damaged_data_files_fail_verify_and_reading(self, tmp_path: Path, sources: list[Path],
                                                         fmt: str, how: str) -> None:
         series = [np.load(p) for p in sources]
         expected_x, expected_y = oracle_windows(series, SPEC)
-        clean = _convert(sources, tmp_path / "clean", fmt)
+        clean = convert_sources(sources, tmp_path / "clean", fmt)
         data_files = sorted(str(p.relative_to(clean.path)) for p in (clean.path / "data").rglob("*")
                             if p.is_file())
         # a spread of the data files, and the index and series tables
         for name in [*data_files[:: max(1, len(data_files) // 4)], "index/train.parquet",
                      "series.parquet"]:
             store_path = tmp_path / f"{how}-{name.replace('/', '_')}"
-            _convert(sources, store_path, fmt)
+            convert_sources(sources, store_path, fmt)
             _damage(store_path / name, how)
             problems = verify_store(store_path)
             assert problems and str(store_path / name) in problems[0], (name, problems)
@@ -506,7 +432,7 @@ class FormatTests:
     def test_verify_passes_an_intact_store_and_reports_stray_files(self, tmp_path: Path,
                                                                     sources: list[Path],
                                                                     fmt: str) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         result = CliRunner().invoke(main, ["verify", str(store.path)])
         assert result.exit_code == 0 and result.output.endswith(": ok\n")
         (store.path / "data" / "stray.bin").write_bytes(b"x")
@@ -519,23 +445,23 @@ class FormatTests:
     @pytest.mark.parametrize("case", sorted(_TAMPERING))
     def test_a_tampered_manifest_is_refused_on_open_and_by_verify(
             self, tmp_path: Path, sources: list[Path], fmt: str, case: str) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         edit, needle = _TAMPERING[case]
         _edit_manifest(store.path, lambda m: edit(m, fmt))
-        before = _snapshot(store.path)
+        before = snapshot(store.path)
         with pytest.raises(wk.StoreError, match=r"windowkit\.json") as caught:
             wk.open_store(store.path)
         assert needle in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
         problems = verify_store(store.path)
         assert problems == [str(caught.value)]
         result = CliRunner().invoke(main, ["inspect", str(store.path)])
-        _one_line_error(result, needle)
-        assert _snapshot(store.path) == before  # opening never writes
+        assert_one_line_error(result, needle)
+        assert snapshot(store.path) == before  # opening never writes
 
     def test_a_link_inside_a_store_is_refused(self, tmp_path: Path, sources: list[Path],
                                               fmt: str) -> None:
-        other = _convert(sources[:2], tmp_path / "other", fmt)
-        store = _convert(sources, tmp_path / "store", fmt)
+        other = convert_sources(sources[:2], tmp_path / "other", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         name = sorted(str(p.relative_to(store.path)) for p in (store.path / "data").rglob("*")
                       if p.is_file())[-1]
         (store.path / name).unlink()
@@ -551,7 +477,7 @@ class FormatTests:
         (Zarr chunks carry none; ``verify`` names them by checksum)."""
         other = wk.convert([np.load(p) + 1 for p in sources], tmp_path / "other", format=fmt,
                            window=SPEC, block_rows=128, parts=6)
-        store = _convert(sources, tmp_path / "store", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         name = "data/zarr.json" if fmt == "zarr" else next(
             f.path for f in store.manifest.files if f.path.startswith("data/part-"))
         shutil.copyfile(other.path / name, store.path / name)
@@ -568,20 +494,20 @@ class FormatTests:
 
     def test_opening_and_reading_never_write(self, tmp_path: Path, sources: list[Path],
                                              fmt: str) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
-        before = _snapshot(tmp_path)
+        store = convert_sources(sources, tmp_path / "store", fmt)
+        before = snapshot(tmp_path)
         opened = wk.open_store(store.path)
         opened.windows("train", np.arange(opened.num_windows("train")))
         collect_epoch(opened.tf_dataset("train", 64))
         opened.keras_dataset("train", 64)[0]
         assert verify_store(store.path) == []
         assert CliRunner().invoke(main, ["inspect", str(store.path)]).exit_code == 0
-        assert _snapshot(tmp_path) == before
+        assert snapshot(tmp_path) == before
 
     def test_a_memory_error_while_reading_is_not_called_corruption(
             self, tmp_path: Path, sources: list[Path], fmt: str,
             monkeypatch: pytest.MonkeyPatch) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         reader_type = type(store.row_reader().inner)  # the format's reader, inside the checks
         name = {"tfrecord": "_decode", "zarr": "_decode", "parquet": "_read_groups"}[fmt]
 
@@ -594,8 +520,8 @@ class FormatTests:
 
     def test_a_damaged_block_error_keeps_its_cause(self, tmp_path: Path, sources: list[Path],
                                                    fmt: str) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
-        _damage_a_block(store)
+        store = convert_sources(sources, tmp_path / "store", fmt)
+        damage_a_block(store)
         with pytest.raises(wk.StoreError) as caught:
             wk.open_store(store.path).windows("train", np.arange(store.num_windows("train")))
         assert caught.value.__cause__ is not None
@@ -607,17 +533,17 @@ class FormatTests:
         """The tf.data reader's error comes through TensorFlow (its traceback inside):
         the command still prints the windowkit line alone, naming where in the store
         (the file; for Zarr, the array and its chunks)."""
-        store = _convert(sources, tmp_path / "store", fmt)
-        _damage_a_block(store)
+        store = convert_sources(sources, tmp_path / "store", fmt)
+        damage_a_block(store)
         result = CliRunner().invoke(main, ["bench", str(store.path), "--reader", reader,
                                            "--batch-size", "8", "--warmup", "1",
                                            "--shuffle", "none"])
-        _one_line_error(result, f"windowkit: error: {store.path / 'data'}")
+        assert_one_line_error(result, f"windowkit: error: {store.path / 'data'}")
 
     def test_a_replaced_store_is_an_error_for_random_access(self, tmp_path: Path,
                                                             sources: list[Path],
                                                             fmt: str) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         store.windows("train", np.arange(4))
         _replace(store, sources, fmt)
         with pytest.raises(wk.StoreReplacedError, match="was replaced while it was being read"):
@@ -625,7 +551,7 @@ class FormatTests:
 
     def test_a_replaced_store_is_an_error_for_tf_dataset(self, tmp_path: Path, sources: list[Path],
                                                          fmt: str) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         iterator = iter(store.tf_dataset("train", 32, shuffle=False, cache_bytes=1))
         next(iterator)
         _replace(store, sources, fmt)
@@ -642,7 +568,7 @@ class FormatTests:
     def test_a_replaced_store_is_an_error_for_keras_workers(self, tmp_path: Path,
                                                             sources: list[Path],
                                                             fmt: str) -> None:
-        store = _convert(sources, tmp_path / "store", fmt)
+        store = convert_sources(sources, tmp_path / "store", fmt)
         dataset = store.keras_dataset("train", 32, cache_bytes=1)
         dataset[0]
         shipped = pickle.dumps(dataset)  # what a worker process receives
@@ -658,12 +584,12 @@ class FormatTests:
 
     def test_every_format_reads_from_s3_through_both_readers(self, tmp_path: Path, fmt: str,
                                                              s3_bucket: str) -> None:
-        series = _series([700, 333, 90])
+        series = random_series([700, 333, 90])
         spec = wk.WindowSpec(8, stride=2, horizon=2)
         local = wk.convert(series, tmp_path / "s", format=fmt, window=spec, block_rows=64,
                            parts=2)
         url = f"{s3_bucket}/stores/s"
-        _upload(local.path, url)
+        upload(local.path, url)
         store = wk.open_store(url)
         expected_x, expected_y = oracle_windows(series, spec)
         x, y = store.windows("train", np.arange(store.num_windows("train")))
@@ -673,12 +599,12 @@ class FormatTests:
         np.testing.assert_array_equal(got_x, expected_x)
         np.testing.assert_array_equal(got_y, expected_y)
         shuffled, _ = collect_epoch(store.tf_dataset("train", 64, seed=3))
-        np.testing.assert_array_equal(_sorted_rows(shuffled), _sorted_rows(expected_x))
+        np.testing.assert_array_equal(sorted_rows(shuffled), sorted_rows(expected_x))
         keras = store.keras_dataset("train", 64, seed=1)
         batches = np.concatenate([keras[i][0] for i in range(len(keras))])
-        np.testing.assert_array_equal(_sorted_rows(batches), _sorted_rows(expected_x))
+        np.testing.assert_array_equal(sorted_rows(batches), sorted_rows(expected_x))
         uniform, _ = collect_epoch(store.tf_dataset("train", 64, shuffle="global", seed=2))
-        np.testing.assert_array_equal(_sorted_rows(uniform), _sorted_rows(expected_x))
+        np.testing.assert_array_equal(sorted_rows(uniform), sorted_rows(expected_x))
         # beyond memory: the rows downloaded once into a local spill, then read
         # locally, in the order of the same permutation held in memory
         held_budget = store.read_plan("train").rows_bytes()  # the rows fit once, not six times
@@ -690,12 +616,12 @@ class FormatTests:
         np.testing.assert_array_equal(spilled, held)
         shards = [collect_epoch(store.tf_dataset("train", 64, num_shards=2, shard_index=i))[0]
                   for i in range(2)]
-        np.testing.assert_array_equal(_sorted_rows(np.concatenate(shards)),
-                                      _sorted_rows(expected_x))
+        np.testing.assert_array_equal(sorted_rows(np.concatenate(shards)),
+                                      sorted_rows(expected_x))
 
     def test_every_format_converts_to_s3(self, tmp_path: Path, fmt: str, s3_bucket: str,
                                          mirror_cache: Path) -> None:
-        series = _series([500, 120])
+        series = random_series([500, 120])
         spec = wk.WindowSpec(6, horizon=1)
         url = f"{s3_bucket}/out/{fmt}"
         store = wk.convert(series, url, format=fmt, window=spec, block_rows=64)
@@ -719,16 +645,16 @@ class FormatTests:
         once it does, a store replaced meanwhile is an error, not other rows."""
         from windowkit import guard as manifest
 
-        series = _series([400, 300])
+        series = random_series([400, 300])
         url = f"{s3_bucket}/replaced"
-        _upload(wk.convert(series, tmp_path / "a", format=fmt, window=8, block_rows=64).path, url)
+        upload(wk.convert(series, tmp_path / "a", format=fmt, window=8, block_rows=64).path, url)
         store = wk.open_store(url)
         reader = store.row_reader()
         np.testing.assert_array_equal(reader.read_rows(0, 64), series[0][:64])
-        other = wk.convert(_series([400, 300], seed=1), tmp_path / "b", format=fmt, window=8,
+        other = wk.convert(random_series([400, 300], seed=1), tmp_path / "b", format=fmt, window=8,
                            block_rows=64)
         fsspec.filesystem("s3").rm(url.removeprefix("s3://"), recursive=True)
-        _upload(other.path, url)
+        upload(other.path, url)
         monkeypatch.setattr(manifest, "REMOTE_CHECK_SECONDS", 0.0)
         with pytest.raises(wk.StoreError, match="replaced while it was being read"):
             reader.read_rows(64, 128)

@@ -11,19 +11,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests.helpers import long_csv, npy_file, text_file
 from windowkit.cli import main
 
 
 def _good(d: Path) -> Path:
     np.save(d / "good.npy", np.random.default_rng(0).normal(size=(200, 3)).astype(np.float32))
     return d / "good.npy"
-
-
-def _save(name: str, values: np.ndarray) -> Callable[[Path], Path]:
-    def make(d: Path) -> Path:
-        np.save(d / name, values, allow_pickle=True)
-        return d / name
-    return make
 
 
 def _with_value(value: float) -> Callable[[Path], Path]:
@@ -43,17 +37,6 @@ def _truncated(d: Path) -> Path:
 
 def _missing(d: Path) -> Path:
     return d / "missing.npy"
-
-
-def _table(name: str, text: str) -> Callable[[Path], Path]:
-    def make(d: Path) -> Path:
-        (d / name).write_text(text)
-        return d / name
-    return make
-
-
-def _long(rows: list[tuple[str, int, str]]) -> str:
-    return "id,t,v\n" + "".join(f"{s},{t},{v}\n" for s, t, v in rows)
 
 
 _GOOD_ROWS = [("a", t, "1.5") for t in range(12)] + [("b", t, "2.5") for t in range(12)]
@@ -87,10 +70,11 @@ CASES = [  # (make source, extra options, message)
     (_good, ["--sampling-rate", "0"], "sampling rate must be an integer >= 1, got 0"),
     (_good, ["--horizon", "-1"], "horizon must be an integer >= 0, got -1"),
     (_good, ["--format", "hdf5"], "Invalid value for '--format': 'hdf5' is not one of"),
-    (_save("empty.npy", np.zeros((0, 3), np.float32)), [], "empty.npy: series is empty (0 rows)"),
-    (_save("obj.npy", np.array([[1, "a"]], dtype=object)), [], "obj.npy: "),
-    (_save("text.npy", np.array([["a", "b"]] * 50)), [], "text.npy: "),
-    (_save("cplx.npy", np.ones((50, 2), np.complex64)), [], "cplx.npy: "),
+    (npy_file("empty.npy", np.zeros((0, 3), np.float32)), [],
+     "empty.npy: series is empty (0 rows)"),
+    (npy_file("obj.npy", np.array([[1, "a"]], dtype=object)), [], "obj.npy: "),
+    (npy_file("text.npy", np.array([["a", "b"]] * 50)), [], "text.npy: "),
+    (npy_file("cplx.npy", np.ones((50, 2), np.complex64)), [], "cplx.npy: "),
     (_with_value(np.nan), [], "bad.npy: row 41, column 2 is nan"),
     (_with_value(np.inf), [], "bad.npy: row 41, column 2 is inf"),
     (_truncated, [], "good.npy: truncated or damaged .npy file"),
@@ -100,27 +84,29 @@ CASES = [  # (make source, extra options, message)
     (_good, ["--split", "train=0.8,val=0.3"], "split fractions sum to 1.1, over 1"),
     (_good, ["--split-at", "2020"], "split points in time need a time column"),
     # tables
-    (_table("t.csv", _long(_GOOD_ROWS)), ["--series-col", "nope"], "no series column 'nope'"),
-    (_table("t.csv", _long(_GOOD_ROWS)), ["--time-col", "when"], "no time column 'when'"),
-    (_table("t.csv", _long(_GOOD_ROWS)), [*_LONG, "--columns", "v,w"], "no feature column 'w'"),
-    (_table("t.csv", _long(_GOOD_ROWS[:12] + [("b", t, "x") for t in range(12)])), _LONG,
+    (text_file("t.csv", long_csv(_GOOD_ROWS)), ["--series-col", "nope"], "no series column 'nope'"),
+    (text_file("t.csv", long_csv(_GOOD_ROWS)), ["--time-col", "when"], "no time column 'when'"),
+    (text_file("t.csv", long_csv(_GOOD_ROWS)), [*_LONG, "--columns", "v,w"],
+     "no feature column 'w'"),
+    (text_file("t.csv", long_csv(_GOOD_ROWS[:12] + [("b", t, "x") for t in range(12)])), _LONG,
      "t.csv: column 'v' is not numeric"),
-    (_table("t.csv", _long(_GOOD_ROWS[:12] + [("b", t, "") for t in range(12)])), _LONG,
+    (text_file("t.csv", long_csv(_GOOD_ROWS[:12] + [("b", t, "") for t in range(12)])), _LONG,
      "t.csv: series 'b', row 12, column 'v' is missing (empty or NaN)"),
-    (_table("t.csv", _long([*_GOOD_ROWS[:12], ("b", 0, "nan"), *_GOOD_ROWS[13:]])), _LONG,
+    (text_file("t.csv", long_csv([*_GOOD_ROWS[:12], ("b", 0, "nan"), *_GOOD_ROWS[13:]])), _LONG,
      "t.csv: series 'b', row 12, column 'v' is missing (empty or NaN)"),
     (_nan_parquet, _LONG, "t.parquet: series 'b': row 3, column 'v' is inf"),
-    (_table("t.csv", _long([*_GOOD_ROWS[:5], ("a", 4, "1"), *_GOOD_ROWS[5:]])), _LONG,
+    (text_file("t.csv", long_csv([*_GOOD_ROWS[:5], ("a", 4, "1"), *_GOOD_ROWS[5:]])), _LONG,
      "t.csv: series 'a', row 5: time repeats the previous row's"),
-    (_table("t.csv", _long([*_GOOD_ROWS[:5], ("a", 2, "1"), *_GOOD_ROWS[5:]])), _LONG,
+    (text_file("t.csv", long_csv([*_GOOD_ROWS[:5], ("a", 2, "1"), *_GOOD_ROWS[5:]])), _LONG,
      "t.csv: series 'a', row 5: time goes back from the previous row's"),
-    (_table("t.csv", _long(_GOOD_ROWS[:6] + _GOOD_ROWS[12:] + _GOOD_ROWS[6:12])),
+    (text_file("t.csv", long_csv(_GOOD_ROWS[:6] + _GOOD_ROWS[12:] + _GOOD_ROWS[6:12])),
      [*_LONG, "--sort-memory", "100B"],
      "rows of series 'a' are not grouped together (it appears again at row 18); sort the "
      "table by 'id' and 't' first (the table is larger than the memory budget"),
-    (_table("t.csv", _long(_GOOD_ROWS) + "c,1,2.0,extra\n"), _LONG, "t.csv: cannot read the table"),
+    (text_file("t.csv", long_csv(_GOOD_ROWS) + "c,1,2.0,extra\n"), _LONG,
+     "t.csv: cannot read the table"),
     (_corrupt_parquet, [], "bad.parquet: cannot read the table"),
-    (_table("t.csv", _long(_GOOD_ROWS)), [*_LONG, "--max-gap", "soon"],
+    (text_file("t.csv", long_csv(_GOOD_ROWS)), [*_LONG, "--max-gap", "soon"],
      "max gap 'soon' is not a number or a duration"),
 ]
 

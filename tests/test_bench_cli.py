@@ -154,3 +154,16 @@ def test_plot_of_a_long_run_is_binned_and_full() -> None:
     edges, rate = data.throughput
     assert not data.per_batch and len(edges) == len(rate) == 51
     assert np.sum(rate[:-1] * np.diff(edges)) == pytest.approx(200 * 8)
+
+
+def test_shuffle_is_spelt_as_the_readers_argument(store: wk.Store) -> None:
+    """``--shuffle`` takes the readers' ``shuffle=`` values (``true``, ``global``,
+    ``blocks``, ``false``); the earlier words still work; anything else is one line."""
+    report = _bench_json(store.path, "--shuffle", "false", "--batches", "2")
+    assert report["shuffle"] == "false" and report["mode"] == "index order"
+    earlier = _bench_json(store.path, "--shuffle", "default", "--batches", "2")
+    assert earlier["shuffle"] == "true"
+    result = bench(store.path, "--shuffle", "sometimes")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "windowkit: error: shuffle must be one of true, global, blocks, false, got 'sometimes'"]

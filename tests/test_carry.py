@@ -35,13 +35,13 @@ def test_carried_batches_equal_rebatch(tmp_path: Path, batch_size: int,
         return block_groups(plan, shuffle=True, seed=3, shuffle_blocks=2, cache_bytes=1 << 20,
                             with_series=fields.series)
 
-    cutter = WindowCutter(plan.spec, None, plan.store.target_index, fields)
+    cutter = WindowCutter(plan.spec, None, plan.store.target_positions, fields)
     carried = carried_batches(groups(), cutter, batch_size=batch_size,
                               drop_remainder=drop_remainder,
                               empty_rows=tf.zeros([plan.spec.span, 2]),
                               with_series=fields.series)
-    rebatched = groups().flat_map(batch_cutter(plan.spec, batch_size, None, plan.store.target_index,
-                                               fields)).rebatch(batch_size, drop_remainder)
+    cut = batch_cutter(plan.spec, batch_size, None, plan.store.target_positions, fields)
+    rebatched = groups().flat_map(cut).rebatch(batch_size, drop_remainder)
     got, want = list(carried), list(rebatched)
     assert len(got) == len(want) > 0
     for a, b in zip(got, want, strict=True):

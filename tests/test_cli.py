@@ -176,7 +176,7 @@ def test_bench_measures_the_reader_and_the_baseline(npy_dir: Path, concept_forma
 
 
 @pytest.mark.parametrize("reader", ["tf", "keras"])
-@pytest.mark.parametrize("shuffle", ["blocks", "global", "none"])
+@pytest.mark.parametrize("shuffle", ["blocks", "global", "false"])
 def test_bench_mixing_is_what_the_readers_batches_hold(tmp_path: Path, concept_format: str,
                                                        reader: str,
                                                        shuffle: str) -> None:

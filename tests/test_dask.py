@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import windowkit as wk
+from tests.helpers import file_tree
 from windowkit.cli import main
 
 distributed = pytest.importorskip("distributed")
@@ -34,11 +35,6 @@ def _npy_sources(directory: Path) -> list[Path]:
     return paths
 
 
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
 def _on_dask_to_s3(tmp_path: Path, cluster: object, url: str,
                    options: dict[str, object]) -> wk.Store:
     """Convert the test sources locally and on the cluster to ``url``; assert the
@@ -50,7 +46,7 @@ def _on_dask_to_s3(tmp_path: Path, cluster: object, url: str,
     with distributed.Client(cluster, set_as_default=False) as client:
         wk.convert(sources, url, dask=client, **options)
     fs = fsspec.filesystem("s3")
-    for name, data in _tree(local.path).items():
+    for name, data in file_tree(local.path).items():
         assert fs.cat(f"{url.removeprefix('s3://')}/{name}") == data, name
     return local
 
@@ -65,7 +61,7 @@ def test_dask_gives_the_store_a_local_conversion_gives(tmp_path: Path, fmt: str,
     with distributed.Client(cluster, set_as_default=False) as client:
         on_dask = wk.convert(sources, tmp_path / "dask", dask=client, **options)
         assert len(client.scheduler_info()["workers"]) == 2
-    assert _tree(on_dask.path) == _tree(local.path)
+    assert file_tree(on_dask.path) == file_tree(local.path)
 
 
 def test_dask_workers_upload_their_parts_to_s3(tmp_path: Path, cluster: object,

@@ -17,34 +17,21 @@ import pytest
 from click.testing import CliRunner
 
 import windowkit as wk
-from tests.conftest import collect_epoch
-from tests.test_safety import SPEC, _convert, _interrupted_convert, _sources, _tree
+from tests.conftest import collect_epoch, npy_sources
+from tests.helpers import (
+    SPEC,
+    assert_one_line_error,
+    cli_convert,
+    convert_sources,
+    damage_a_block,
+    file_tree,
+    interrupted_convert,
+    snapshot,
+)
 from windowkit.cli import main
 from windowkit.errors import carried_error
 from windowkit.sources import NpySeries
 from windowkit.verify import verify_store
-
-
-def _cli_convert(sources: list[Path], out: Path, fmt: str, *extra: str) -> Any:
-    return CliRunner().invoke(main, ["convert", *map(str, sources), "--format", fmt, "--out",
-                                     str(out), "--window", "8", "-q", *extra])
-
-
-def _one_line_error(result: Any, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert result.output.count("\n") == 1 and "Traceback" not in result.output, result.output
-    for needle in needles:
-        assert needle in result.output, (needle, result.output)
-
-
-def _snapshot(directory: Path) -> dict[str, tuple[int, int, bytes]]:
-    """Every entry under ``directory``: size, mtime and (for files) content."""
-    out = {}
-    for path in sorted(directory.rglob("*")):
-        info = path.lstat()
-        data = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
-        out[str(path.relative_to(directory))] = (info.st_size, info.st_mtime_ns, data)
-    return out
 
 
 # -- 1. --overwrite replaces only what windowkit made -----------------------------------
@@ -53,33 +40,33 @@ def test_overwrite_refuses_a_directory_windowkit_did_not_write(
     mine = tmp_path / "mydir"
     mine.mkdir()
     (mine / "thesis.txt").write_text("three years of work")
-    before = _snapshot(mine)
-    result = _cli_convert(sources, mine, concept_format, "--overwrite")
-    _one_line_error(result, str(mine), "'thesis.txt'", "--overwrite replaces only")
-    assert _snapshot(mine) == before
+    before = snapshot(mine)
+    result = cli_convert(sources, mine, concept_format, "--overwrite")
+    assert_one_line_error(result, str(mine), "'thesis.txt'", "--overwrite replaces only")
+    assert snapshot(mine) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mydir", "src"]
 
 
 def test_overwrite_refuses_a_store_holding_a_foreign_file(tmp_path: Path, sources: list[Path],
                                                           concept_format: str) -> None:
-    store = _convert(sources, tmp_path / "store", concept_format)
+    store = convert_sources(sources, tmp_path / "store", concept_format)
     (store.path / "data" / "notes.txt").write_text("mine")
-    before = _snapshot(store.path)
-    result = _cli_convert(sources, store.path, concept_format, "--overwrite")
-    _one_line_error(result, "'data/notes.txt'", "which windowkit did not write")
-    assert _snapshot(store.path) == before
+    before = snapshot(store.path)
+    result = cli_convert(sources, store.path, concept_format, "--overwrite")
+    assert_one_line_error(result, "'data/notes.txt'", "which windowkit did not write")
+    assert snapshot(store.path) == before
 
 
 def test_a_target_holding_the_sources_is_refused_even_with_overwrite(
         tmp_path: Path, concept_format: str) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    paths = _sources(data)
-    before = _snapshot(data)
+    paths = npy_sources(data)
+    before = snapshot(data)
     for target in (data, tmp_path):
-        result = _cli_convert(paths, target, concept_format, "--overwrite")
-        _one_line_error(result, f"{target}: holds the source")
-    assert _snapshot(data) == before
+        result = cli_convert(paths, target, concept_format, "--overwrite")
+        assert_one_line_error(result, f"{target}: holds the source")
+    assert snapshot(data) == before
     # also an array memory-mapped from a file inside the target
     mapped = np.load(paths[0], mmap_mode="r")
     with pytest.raises(wk.StoreExistsError, match="holds the source"):
@@ -89,27 +76,27 @@ def test_a_target_holding_the_sources_is_refused_even_with_overwrite(
 def test_overwrite_replaces_a_store_and_an_empty_directory(tmp_path: Path,
                                                            sources: list[Path],
                                                            concept_format: str) -> None:
-    store = _convert(sources, tmp_path / "store", concept_format)
+    store = convert_sources(sources, tmp_path / "store", concept_format)
     old_id = store.manifest.store_id
-    replaced = _convert(sources[:2], tmp_path / "store", concept_format, overwrite=True)
+    replaced = convert_sources(sources[:2], tmp_path / "store", concept_format, overwrite=True)
     assert replaced.manifest.store_id != old_id
     assert verify_store(replaced.path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
     (tmp_path / "empty").mkdir()
-    assert verify_store(_convert(sources, tmp_path / "empty", concept_format).path) == []
+    assert verify_store(convert_sources(sources, tmp_path / "empty", concept_format).path) == []
 
 
 def test_a_target_that_is_a_file_or_a_link_is_refused(tmp_path: Path, sources: list[Path],
                                                       concept_format: str) -> None:
     (tmp_path / "file").write_text("x")
-    _one_line_error(_cli_convert(sources, tmp_path / "file", concept_format, "--overwrite"),
+    assert_one_line_error(cli_convert(sources, tmp_path / "file", concept_format, "--overwrite"),
                     "exists and is not a directory")
-    victim = _convert(sources, tmp_path / "victim", concept_format)
-    before = _snapshot(victim.path)
+    victim = convert_sources(sources, tmp_path / "victim", concept_format)
+    before = snapshot(victim.path)
     (tmp_path / "link").symlink_to(victim.path)
-    _one_line_error(_cli_convert(sources, tmp_path / "link", concept_format, "--overwrite"),
+    assert_one_line_error(cli_convert(sources, tmp_path / "link", concept_format, "--overwrite"),
                     "is a symbolic link")
-    assert _snapshot(victim.path) == before
+    assert snapshot(victim.path) == before
 
 
 # -- 2. no link is followed ---------------------------------------------------------------
@@ -119,8 +106,8 @@ def test_a_link_planted_at_the_workspace_name_is_refused(tmp_path: Path, sources
     victim.mkdir()
     (victim / "precious.txt").write_text("keep me")
     (tmp_path / ".store.windowkit-partial").symlink_to(victim)
-    result = _cli_convert(sources, tmp_path / "store", concept_format)
-    _one_line_error(result, ".store.windowkit-partial", "symbolic link")
+    result = cli_convert(sources, tmp_path / "store", concept_format)
+    assert_one_line_error(result, ".store.windowkit-partial", "symbolic link")
     assert (victim / "precious.txt").read_text() == "keep me"
     assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
     assert not os.path.lexists(tmp_path / "store")
@@ -131,8 +118,8 @@ def test_a_foreign_directory_at_the_workspace_name_is_refused(
     foreign = tmp_path / ".store.windowkit-partial"
     foreign.mkdir()
     (foreign / "precious.txt").write_text("keep me")
-    result = _cli_convert(sources, tmp_path / "store", concept_format)
-    _one_line_error(result, "was not made by windowkit", "'precious.txt'")
+    result = cli_convert(sources, tmp_path / "store", concept_format)
+    assert_one_line_error(result, "was not made by windowkit", "'precious.txt'")
     assert sorted(p.name for p in foreign.iterdir()) == ["precious.txt"]
 
 
@@ -144,9 +131,9 @@ def test_resume_with_changed_arrays_starts_over(tmp_path: Path, concept_format: 
     zeros = {"a": np.zeros((4000, 3), np.float32)}
     ones = {"a": np.ones((4000, 3), np.float32)}
     with monkeypatch.context() as patch:
-        from tests.test_safety import _interrupt_after
+        from tests.helpers import interrupt_after
 
-        _interrupt_after(patch, concept_format, 3)
+        interrupt_after(patch, concept_format, 3)
         with pytest.raises(KeyboardInterrupt):
             wk.convert(zeros, out, format=concept_format, window=SPEC, block_rows=128, parts=6)
     with caplog.at_level(logging.INFO, logger="windowkit"):
@@ -156,14 +143,14 @@ def test_resume_with_changed_arrays_starts_over(tmp_path: Path, concept_format: 
     assert (x == 1).all() and (y == 1).all()
     fresh = wk.convert(ones, tmp_path / "fresh", format=concept_format, window=SPEC, block_rows=128,
                        parts=6)
-    assert _tree(store.path) == _tree(fresh.path)
+    assert file_tree(store.path) == file_tree(fresh.path)
 
 
 def test_resume_rereads_a_file_changed_behind_the_same_size_and_time(
         tmp_path: Path, sources: list[Path], concept_format: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=3)
+    interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=3)
     first = sources[0]
     info = first.stat()
     values = np.load(first)
@@ -171,10 +158,10 @@ def test_resume_rereads_a_file_changed_behind_the_same_size_and_time(
     np.save(first, values)
     os.utime(first, ns=(info.st_atime_ns, info.st_mtime_ns))
     with caplog.at_level(logging.INFO, logger="windowkit"):
-        store = _convert(sources, out, concept_format)
+        store = convert_sources(sources, out, concept_format)
     assert "the source rows of part 0 changed since the interrupted conversion" in caplog.text
-    fresh = _convert(sources, tmp_path / "fresh", concept_format)
-    assert _tree(store.path) == _tree(fresh.path)
+    fresh = convert_sources(sources, tmp_path / "fresh", concept_format)
+    assert file_tree(store.path) == file_tree(fresh.path)
     x, _ = store.windows("train", np.arange(1))
     np.testing.assert_array_equal(x[0], values[:8])
 
@@ -183,18 +170,18 @@ def test_a_read_error_while_resuming_keeps_the_finished_parts(
         tmp_path: Path, sources: list[Path], concept_format: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=3)
+    interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=3)
     with monkeypatch.context() as patch:
         def flaky(self: NpySeries, start: int, stop: int) -> np.ndarray:
             raise OSError(5, "Input/output error", self.path)
 
         patch.setattr(NpySeries, "read", flaky)
         with pytest.raises(OSError, match="Input/output error"):
-            _convert(sources, out, concept_format)
+            convert_sources(sources, out, concept_format)
     partial = tmp_path / ".store.windowkit-partial"
     assert len(list((partial / "_resume").glob("shard-*.json"))) == 3
     with caplog.at_level(logging.INFO, logger="windowkit"):
-        store = _convert(sources, out, concept_format)
+        store = convert_sources(sources, out, concept_format)
     assert "3 of 6 parts already written" in caplog.text
     assert verify_store(store.path) == []
 
@@ -216,13 +203,13 @@ def test_a_target_appearing_during_the_conversion_keeps_the_work(
     with monkeypatch.context() as patch:
         patch.setattr(type(storage), "finish", finish_then_someone_writes_the_target)
         with pytest.raises(wk.StoreExistsError, match="target exists and is not empty"):
-            _convert(sources, out, concept_format)
+            convert_sources(sources, out, concept_format)
         with pytest.raises(wk.StoreExistsError, match=r"holds 'theirs\.txt'"):
-            _convert(sources, out, concept_format, overwrite=True)
+            convert_sources(sources, out, concept_format, overwrite=True)
     assert (out / "theirs.txt").read_text() == "someone else's"
     (out / "theirs.txt").unlink()
     with caplog.at_level(logging.INFO, logger="windowkit"):
-        store = _convert(sources, out, concept_format)
+        store = convert_sources(sources, out, concept_format)
     assert "6 of 6 parts already written" in caplog.text
     assert verify_store(store.path) == []
 
@@ -249,23 +236,12 @@ def test_a_source_that_returns_fewer_rows_is_refused(tmp_path: Path, concept_for
     assert list(tmp_path.iterdir()) == []
 
 
-def _damage_a_block(store: wk.Store) -> Path:
-    """Flip a byte in the middle of the store's first data file (not its metadata)."""
-    damaged = sorted(p for p in (store.path / "data").rglob("*")
-                     if p.is_file() and p.name not in ("zarr.json", "records.parquet",
-                                                       "_blocks.xxh3"))[0]
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0x55
-    damaged.write_bytes(bytes(data))
-    return damaged
-
-
 def test_a_pipeline_error_is_the_windowkit_error_it_carries(tmp_path: Path,
                                                            sources: list[Path]) -> None:
     import tensorflow as tf
 
-    store = _convert(sources, tmp_path / "store", "tfrecord")
-    damaged = _damage_a_block(store)
+    store = convert_sources(sources, tmp_path / "store", "tfrecord")
+    damaged = damage_a_block(store)
     with pytest.raises(tf.errors.OpError) as caught:
         collect_epoch(wk.open_store(store.path).tf_dataset("train", 8, shuffle=False))
     carried = carried_error(caught.value)
@@ -289,7 +265,7 @@ def test_too_little_space_for_staging_a_table_is_refused_before_writing(
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - free, free))
     result = CliRunner().invoke(main, ["convert", str(table), "--format", concept_format, "--out",
                                        str(tmp_path / "store"), "--window", "8", "-q"])
-    _one_line_error(result, "not enough disk space for the staged table and the store",
+    assert_one_line_error(result, "not enough disk space for the staged table and the store",
                     "4.0 MiB")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
 

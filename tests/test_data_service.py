@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import windowkit as wk
-from tests.test_training_scale import _sorted, _tagged
+from tests.helpers import sorted_rows, tagged_series
 
 tf = pytest.importorskip("tensorflow")
 
@@ -53,11 +53,11 @@ def test_tfrecord_splits_read_by_tf_data_service_workers(tmp_path: Path, dispatc
                                                          compression: str) -> None:
     """Each epoch through the service holds every window of the split once, with
     its horizon; every batch but the last is full; the order is shuffled."""
-    store = wk.convert(_tagged([700, 333, 900, 50, 400, 610]), tmp_path / "s",
+    store = wk.convert(tagged_series([700, 333, 900, 50, 400, 610]), tmp_path / "s",
                        format="tfrecord", window=wk.WindowSpec(8, horizon=2), block_rows=64,
                        parts=4, compression=compression)
     x_all, y_all = store.windows("train", np.arange(store.num_windows("train")))
-    want = _sorted(np.concatenate([x_all.reshape(len(x_all), -1),
+    want = sorted_rows(np.concatenate([x_all.reshape(len(x_all), -1),
                                    y_all.reshape(len(y_all), -1)], axis=1))
     ds = store.tf_dataset("train", 32, service=dispatcher, seed=1)
     for _ in range(2):  # each iteration is a new epoch
@@ -66,7 +66,7 @@ def test_tfrecord_splits_read_by_tf_data_service_workers(tmp_path: Path, dispatc
         x = np.concatenate([b[0] for b in batches])
         y = np.concatenate([b[1] for b in batches])
         np.testing.assert_array_equal(
-            _sorted(np.concatenate([x.reshape(len(x), -1), y.reshape(len(y), -1)], axis=1)),
+            sorted_rows(np.concatenate([x.reshape(len(x), -1), y.reshape(len(y), -1)], axis=1)),
             want)
         assert not np.array_equal(x[:, 0, :2], x_all[:, 0, :2])  # shuffled
 
@@ -77,7 +77,7 @@ def test_a_split_reads_only_the_files_holding_its_windows(tmp_path: Path,
     garbage); normalized windows equal the local reader's."""
     import pyarrow.parquet as pq
 
-    store = wk.convert(_tagged([400, 500, 300, 450, 350, 380]), tmp_path / "s",
+    store = wk.convert(tagged_series([400, 500, 300, 450, 350, 380]), tmp_path / "s",
                        format="tfrecord", window=8, block_rows=64, parts=6,
                        splits="train=0.5,val=0.5", split_by="series", seed=2)
     local = np.concatenate([b.numpy() for b in store.tf_dataset("val", 16, shuffle=False,
@@ -92,7 +92,7 @@ def test_a_split_reads_only_the_files_holding_its_windows(tmp_path: Path,
         path.write_bytes(b"\xff" * path.stat().st_size)
     ds = store.tf_dataset("val", 16, service=dispatcher, shuffle=False, normalize=True)
     x = np.concatenate([b.numpy() for b in ds])
-    np.testing.assert_allclose(_sorted(x), _sorted(local), rtol=1e-6)
+    np.testing.assert_allclose(sorted_rows(x), sorted_rows(local), rtol=1e-6)
 
 
 @pytest.mark.parametrize(("fmt", "kwargs", "message"), [
@@ -104,6 +104,6 @@ def test_a_split_reads_only_the_files_holding_its_windows(tmp_path: Path,
 def test_what_the_service_cannot_read_is_one_line(tmp_path: Path, fmt: str,
                                                   kwargs: dict[str, object],
                                                   message: str) -> None:
-    store = wk.convert(_tagged([300]), tmp_path / "s", format=fmt, window=8, block_rows=64)
+    store = wk.convert(tagged_series([300]), tmp_path / "s", format=fmt, window=8, block_rows=64)
     with pytest.raises(wk.InvalidSpecError, match=message):
         store.tf_dataset("train", 16, service="grpc://127.0.0.1:1", **kwargs)

@@ -1,5 +1,6 @@
-"""Parquet stores: the format contract (tests/format_contract.py), and what only
-Parquet promises: ordinary tables that pandas reads back as written."""
+"""Parquet stores: the format contracts (tests/format_contract.py,
+tests/hostile_contract.py), and what only Parquet promises: ordinary tables
+that pandas reads back as written, one row group per storage block."""
 
 from __future__ import annotations
 
@@ -11,16 +12,13 @@ import pytest
 
 import windowkit as wk
 from tests.format_contract import FormatTests
-
-
-def _series(lengths: list[int], features: int, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(n, features)).astype(np.float32) for n in lengths]
+from tests.helpers import random_series
+from tests.hostile_contract import HostileStoreTests, expect_errors
 
 
 def test_pandas_reads_back_the_source_rows(tmp_path: Path) -> None:
     pd = pytest.importorskip("pandas")
-    series = _series([300, 17, 450], features=4)
+    series = random_series([300, 17, 450], features=4)
     store = wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=64)
     frame = pd.read_parquet(store.path / "data")
     assert list(frame.columns) == ["series", "row", "f0", "f1", "f2", "f3"]
@@ -37,7 +35,7 @@ def test_pandas_reads_back_the_source_rows(tmp_path: Path) -> None:
 def test_row_groups_are_the_storage_blocks(tmp_path: Path, workers: int) -> None:
     """One row group per block of 64 rows, whatever the series inside it (the
     17-row series shares its block with its neighbours)."""
-    series = _series([300, 17, 450], features=2)
+    series = random_series([300, 17, 450], features=2)
     store = wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=64,
                        part_size=2000, workers=workers)  # several part files
     files = sorted((store.path / "data").glob("part-*.parquet"))
@@ -68,14 +66,24 @@ def test_frames_are_a_fixed_size_list_column(tmp_path: Path) -> None:
 
 
 def test_page_checksums_and_statistics_are_written(tmp_path: Path) -> None:
-    store = wk.convert(_series([100], 2), tmp_path / "s", format="parquet", window=4)
+    store = wk.convert(random_series([100], 2), tmp_path / "s", format="parquet", window=4)
     meta = pq.ParquetFile(next((store.path / "data").glob("*.parquet"))).metadata
     column = meta.row_group(0).column(2)
     assert column.compression == "ZSTD"
     assert column.is_stats_set and column.statistics.has_min_max
 
 
-class TestParquet(FormatTests):
-    """The format contract for Parquet stores."""
+class TestParquet(FormatTests, HostileStoreTests):
+    """The format contracts for Parquet stores, and a row group that is not one
+    storage block (on the contract's fresh copy of a pristine store)."""
 
     format_name = "parquet"
+
+    def test_a_parquet_row_group_larger_than_a_block_is_refused(self, store: Path) -> None:
+        part = store / "data/part-00000.parquet"
+
+        def change(_: Path) -> None:
+            table = pq.read_table(part)
+            pq.write_table(table, part, row_group_size=len(table))
+
+        expect_errors(store, change, "not one storage block")

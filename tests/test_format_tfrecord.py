@@ -1,9 +1,11 @@
-"""TFRecord stores: the format contract (tests/format_contract.py), and what only
-TFRecord promises: plain-tf.data interop, parts, halos, on-disk size, and
-CRC-checked random access."""
+"""TFRecord stores: the format contracts (tests/format_contract.py,
+tests/hostile_contract.py), and what only TFRecord promises: plain-tf.data
+interop, parts, halos, on-disk size, CRC-checked random access, and a gzip
+record that inflates past its block refused."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +16,8 @@ import tensorflow as tf
 import windowkit as wk
 from tests.conftest import collect_epoch, oracle_windows
 from tests.format_contract import FormatTests
-
-
-def _series(lengths: list[int], features: int = 3, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(n, features)).astype(np.float32) for n in lengths]
+from tests.helpers import random_series
+from tests.hostile_contract import HostileStoreTests, convert_block_store, expect_errors
 
 
 def _read_without_windowkit(data_dir: Path, compression: str = "") -> list[dict]:
@@ -45,7 +44,7 @@ def _read_without_windowkit(data_dir: Path, compression: str = "") -> list[dict]
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_plain_tf_data_reads_every_row_and_halo(tmp_path: Path, compression: str) -> None:
-    series = _series([300, 17, 450])
+    series = random_series([300, 17, 450])
     spec = wk.WindowSpec(8, horizon=2)
     store = wk.convert(series, tmp_path / "s", format="tfrecord", window=spec, block_rows=64,
                        compression=compression, parts=3)
@@ -63,7 +62,7 @@ def test_plain_tf_data_reads_every_row_and_halo(tmp_path: Path, compression: str
 
 
 def test_parts_are_named_and_counted(tmp_path: Path) -> None:
-    store = wk.convert(_series([1000]), tmp_path / "s", format="tfrecord", window=4,
+    store = wk.convert(random_series([1000]), tmp_path / "s", format="tfrecord", window=4,
                        block_rows=32, parts=3)
     names = sorted(p.name for p in (store.path / "data").glob("*.tfrecord"))
     assert names == [f"part-0000{i}-of-00003.tfrecord" for i in range(3)]
@@ -83,7 +82,7 @@ READ_ERRORS = (tf.errors.OpError, wk.StoreError)
 
 
 def test_random_access_detects_a_flipped_byte(tmp_path: Path) -> None:
-    series = _series([400])
+    series = random_series([400])
     store = wk.convert(series, tmp_path / "s", format="tfrecord", window=8, block_rows=64)
     part = next((store.path / "data").glob("*.tfrecord"))
     data = bytearray(part.read_bytes())
@@ -97,7 +96,7 @@ def test_random_access_detects_a_flipped_byte(tmp_path: Path) -> None:
 
 
 def test_random_access_detects_truncation(tmp_path: Path) -> None:
-    store = wk.convert(_series([400]), tmp_path / "s", format="tfrecord", window=8,
+    store = wk.convert(random_series([400]), tmp_path / "s", format="tfrecord", window=8,
                        block_rows=64)
     part = next((store.path / "data").glob("*.tfrecord"))
     part.write_bytes(part.read_bytes()[:-10])
@@ -107,7 +106,7 @@ def test_random_access_detects_truncation(tmp_path: Path) -> None:
 
 
 def test_gzip_store_round_trips_through_both_readers(tmp_path: Path) -> None:
-    series = _series([333, 90])
+    series = random_series([333, 90])
     spec = wk.WindowSpec(5, stride=2, horizon=1)
     store = wk.convert(series, tmp_path / "s", format="tfrecord", window=spec,
                        compression="gzip", block_rows=40)
@@ -124,7 +123,7 @@ def test_tf_dataset_reads_only_the_records_holding_the_splits_windows(tmp_path: 
     """A split's epoch reads only the blocks holding its windows: a corrupt
     record of the training rows fails a training epoch, never a validation
     epoch, which does not read it."""
-    series = _series([600, 600])
+    series = random_series([600, 600])
     store = wk.convert(series, tmp_path / "s", format="tfrecord", window=8, block_rows=64,
                        splits={"train": 0.5, "val": 0.5})
     expected_val = store.windows("val", np.arange(store.num_windows("val")))
@@ -147,7 +146,7 @@ def records_path(store: wk.Store, part: int) -> str:
 
 
 def test_tf_dataset_names_a_truncated_part_file(tmp_path: Path) -> None:
-    store = wk.convert(_series([400]), tmp_path / "s", format="tfrecord", window=8,
+    store = wk.convert(random_series([400]), tmp_path / "s", format="tfrecord", window=8,
                        block_rows=64)
     part = next((store.path / "data").glob("*.tfrecord"))
     part.write_bytes(part.read_bytes()[:-10])
@@ -156,7 +155,22 @@ def test_tf_dataset_names_a_truncated_part_file(tmp_path: Path) -> None:
         collect_epoch(wk.open_store(store.path).tf_dataset("train", 32))
 
 
-class TestTFRecord(FormatTests):
-    """The format contract for TFRecord stores."""
+def test_a_tfrecord_gzip_record_that_inflates_past_its_block_is_refused(
+        tmp_path: Path) -> None:
+    path = convert_block_store(tmp_path / "s", "tfrecord", compression="gzip").path
+    records = pq.read_table(path / "data/records.parquet")
+    part = sorted((path / "data").glob("part-*.tfrecord"))[0]
+    size = int(records.column("bytes")[0].as_py())
+    body = zlib.compressobj(9, zlib.DEFLATED, 31)  # ~1000 times its size inflated
+    member = body.compress(bytes(size * 900)) + body.flush()
+    assert len(member) <= size
+    blob = bytearray(part.read_bytes())
+    blob[:size] = member + bytes(size - len(member))  # trailing zeros: ignored by gzip
+    part.write_bytes(bytes(blob))
+    expect_errors(path, lambda _: None, "inflates past")
+
+
+class TestTFRecord(FormatTests, HostileStoreTests):
+    """The format contracts for TFRecord stores."""
 
     format_name = "tfrecord"

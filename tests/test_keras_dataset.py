@@ -27,23 +27,13 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
 import windowkit as wk
 from tests.conftest import assert_windows_equal, oracle_windows, window_keys
-from tests.test_store_suite import datasets
+from tests.helpers import datasets, numbered_series
 from windowkit.readers import BatchOptions, ShuffleOptions
 from windowkit.readers.keras import WindowPyDataset
 
 Epoch = tuple[np.ndarray, np.ndarray | None]
 LENGTHS = [500, 320, 7, 260]  # one series too short for a window
 SPEC = wk.WindowSpec(5, stride=2, horizon=2)
-
-
-def _numbered_series(lengths: list[int]) -> list[np.ndarray]:
-    """Series whose every row is unique: ``[global row, global row + 0.5]``."""
-    out, base = [], 0
-    for n in lengths:
-        rows = np.arange(base, base + n, dtype=np.float64)[:, None]
-        out.append(np.concatenate([rows, rows + 0.5], axis=1))
-        base += n
-    return out
 
 
 def _epoch(ds: WindowPyDataset) -> Epoch:
@@ -84,12 +74,12 @@ def _no_children_left(timeout: float = 10.0) -> bool:
 @pytest.fixture
 def store(fmt: str, tmp_path: Path) -> wk.Store:
     """Numbered series with a horizon, in small blocks."""
-    return wk.convert(_numbered_series(LENGTHS), tmp_path / "s", format=fmt, window=SPEC,
+    return wk.convert(numbered_series(LENGTHS), tmp_path / "s", format=fmt, window=SPEC,
                       block_rows=16)
 
 
 def _oracle() -> Epoch:
-    return oracle_windows(_numbered_series(LENGTHS), SPEC)
+    return oracle_windows(numbered_series(LENGTHS), SPEC)
 
 
 def test_is_a_pydataset_of_whole_batches(store: wk.Store) -> None:
@@ -122,7 +112,7 @@ def test_epoch_equals_oracle(store: wk.Store) -> None:
 
 
 def test_without_horizon_batches_are_arrays(fmt: str, tmp_path: Path) -> None:
-    series = _numbered_series([90, 40])
+    series = numbered_series([90, 40])
     store = wk.convert(series, tmp_path / "s", format=fmt, window=6)
     ds = store.keras_dataset("train", 16, shuffle=False)
     assert isinstance(ds[0], np.ndarray) and ds[0].shape == (16, 6, 2)

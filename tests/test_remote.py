@@ -17,22 +17,14 @@ from click.testing import CliRunner
 
 import windowkit as wk
 from tests.conftest import oracle_windows
+from tests.helpers import random_series, upload
 from windowkit.cli import main
 
 
-def _series(lengths: list[int], seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(n, 3)).astype(np.float32) for n in lengths]
-
-
-def _upload(local: Path, url: str) -> None:
-    fsspec.filesystem("s3").put(str(local), url.removeprefix("s3://"), recursive=True)
-
-
 def test_inspect_and_verify_take_a_url(tmp_path: Path, s3_bucket: str) -> None:
-    local = wk.convert(_series([300]), tmp_path / "s", format="parquet", window=8)
+    local = wk.convert(random_series([300]), tmp_path / "s", format="parquet", window=8)
     url = f"{s3_bucket}/s"
-    _upload(local.path, url)
+    upload(local.path, url)
     runner = CliRunner()
     result = runner.invoke(main, ["inspect", url])
     assert result.exit_code == 0, result.output
@@ -72,8 +64,8 @@ def _cli_in_a_clean_environment(args: list[str], **environment: str
 
 
 def test_no_credentials_is_one_line(tmp_path: Path, s3_bucket: str, s3_server: str) -> None:
-    local = wk.convert(_series([200]), tmp_path / "s", format="zarr", window=8)
-    _upload(local.path, f"{s3_bucket}/s")
+    local = wk.convert(random_series([200]), tmp_path / "s", format="zarr", window=8)
+    upload(local.path, f"{s3_bucket}/s")
     done = _cli_in_a_clean_environment(["inspect", f"{s3_bucket}/s"],
                                        AWS_ENDPOINT_URL=s3_server)
     assert done.returncode == 2, done.stderr
@@ -94,8 +86,8 @@ def test_an_unreachable_endpoint_is_one_line() -> None:
 
 def test_storage_options_reach_the_filesystem(tmp_path: Path, s3_bucket: str,
                                               s3_server: str) -> None:
-    local = wk.convert(_series([200]), tmp_path / "s", format="tfrecord", window=8)
-    _upload(local.path, f"{s3_bucket}/s")
+    local = wk.convert(random_series([200]), tmp_path / "s", format="tfrecord", window=8)
+    upload(local.path, f"{s3_bucket}/s")
     options = {"key": "testing", "secret": "testing", "endpoint_url": s3_server}
     store = wk.open_store(f"{s3_bucket}/s", storage_options=options)
     assert store.num_windows("train") == 193
@@ -127,7 +119,7 @@ def test_a_second_conversion_to_one_target_fails_at_once(s3_bucket: str,
     fs = fsspec.filesystem("s3")
     fs.pipe(url.removeprefix("s3://") + ".windowkit-lock", b"{}")  # a conversion running
     with pytest.raises(wk.StoreExistsError, match="another conversion to this target"):
-        wk.convert(_series([100]), url, format="zarr", window=4)
+        wk.convert(random_series([100]), url, format="zarr", window=4)
     assert not fs.exists(url.removeprefix("s3://"))
 
 
@@ -136,7 +128,7 @@ def test_an_interrupted_upload_leaves_no_store_and_resumes(
     from windowkit.conversion import _remote
 
     url = f"{s3_bucket}/s"
-    series = _series([400])
+    series = random_series([400])
     commit = _remote.commit
 
     def connection_lost(*args: object) -> None:
@@ -167,7 +159,7 @@ def test_sources_are_read_from_s3(tmp_path: Path, s3_bucket: str, mirror_cache: 
 
     fs = fsspec.filesystem("s3")
     bucket = s3_bucket.removeprefix("s3://")
-    arrays = _series([300, 150])
+    arrays = random_series([300, 150])
     for k, values in enumerate(arrays):
         buffer = tmp_path / f"a{k}.npy"
         np.save(buffer, values)
@@ -248,9 +240,9 @@ def test_a_remote_conversion_killed_mid_way_leaves_no_store_and_resumes(
 
 
 def test_bench_takes_a_url(tmp_path: Path, s3_bucket: str) -> None:
-    local = wk.convert(_series([600]), tmp_path / "s", format="tfrecord", window=8,
+    local = wk.convert(random_series([600]), tmp_path / "s", format="tfrecord", window=8,
                        block_rows=64)
-    _upload(local.path, f"{s3_bucket}/s")
+    upload(local.path, f"{s3_bucket}/s")
     result = CliRunner().invoke(main, ["bench", f"{s3_bucket}/s", "--batch-size", "16",
                                        "--batches", "5", "--warmup", "1", "--json"])
     assert result.exit_code == 0, result.output
@@ -264,9 +256,9 @@ def test_remote_parquet_reads_a_files_footer_once(tmp_path: Path, s3_bucket: str
     import copy
     import logging
 
-    series = _series([600, 500])
+    series = random_series([600, 500])
     url = f"{s3_bucket}/footers"
-    _upload(wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=50,
+    upload(wk.convert(series, tmp_path / "s", format="parquet", window=8, block_rows=50,
                        parts=2).path, url)
     store = wk.open_store(url)
     caplog.set_level(logging.DEBUG, logger="s3fs")

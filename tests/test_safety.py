@@ -20,75 +20,34 @@ import pytest
 from click.testing import CliRunner
 
 import windowkit as wk
-from tests.conftest import npy_sources
+from tests.helpers import (
+    convert_sources,
+    file_tree,
+    interrupted_convert,
+    leftovers,
+)
 from windowkit.cli import main
 from windowkit.conversion import Workspace
-from windowkit.formats import get_format
 from windowkit.verify import verify_store
-
-SPEC = wk.WindowSpec(8, horizon=2)
-
-
-_sources = npy_sources
-
-
-def _convert(sources: list[Path], out: Path, fmt: str, **options: object) -> wk.Store:
-    options = {"block_rows": 128, "parts": 6, **options}
-    return wk.convert([str(p) for p in sources], out, format=fmt, window=SPEC,
-                      **options)  # type: ignore[arg-type]
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    """Every file of a store, by path."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
 
 
 @pytest.fixture
 def reference(tmp_path: Path, sources: list[Path], concept_format: str) -> dict[str, bytes]:
     """Every file of an uninterrupted conversion."""
-    return _tree(_convert(sources, tmp_path / "reference", concept_format).path)
-
-
-def _interrupt_after(monkeypatch: pytest.MonkeyPatch, fmt: str, parts: int) -> None:
-    """Make the format's part writer stop (as on Ctrl-C) once ``parts`` are done."""
-    storage = get_format(fmt)
-    original = type(storage).write_part
-    calls = {"n": 0}
-
-    def write_part(self: object, *args: object) -> object:
-        if calls["n"] == parts:
-            raise KeyboardInterrupt
-        calls["n"] += 1
-        return original(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(type(storage), "write_part", write_part)
-
-
-def _interrupted_convert(monkeypatch: pytest.MonkeyPatch, sources: list[Path], out: Path,
-                         fmt: str, *, parts_done: int) -> None:
-    """A conversion stopped by Ctrl-C once ``parts_done`` parts are written."""
-    with monkeypatch.context() as patch:
-        _interrupt_after(patch, fmt, parts_done)
-        with pytest.raises(KeyboardInterrupt):
-            _convert(sources, out, fmt)
-
-
-def _leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+    return file_tree(convert_sources(sources, tmp_path / "reference", concept_format).path)
 
 
 def test_changed_options_start_over(tmp_path: Path, sources: list[Path], concept_format: str,
                                     monkeypatch: pytest.MonkeyPatch,
                                     caplog: pytest.LogCaptureFixture) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=2)
+    interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=2)
     with caplog.at_level(logging.INFO, logger="windowkit"):
-        store = _convert(sources, out, concept_format, block_rows=256)
+        store = convert_sources(sources, out, concept_format, block_rows=256)
     assert "the sources or options changed since the interrupted conversion; starting over" \
         in caplog.text
-    fresh = _convert(sources, tmp_path / "fresh", concept_format, block_rows=256)
-    assert _tree(store.path) == _tree(fresh.path)
+    fresh = convert_sources(sources, tmp_path / "fresh", concept_format, block_rows=256)
+    assert file_tree(store.path) == file_tree(fresh.path)
 
 
 def test_a_second_convert_to_the_same_target_fails_fast(tmp_path: Path, sources: list[Path],
@@ -99,11 +58,11 @@ def test_a_second_convert_to_the_same_target_fails_fast(tmp_path: Path, sources:
     try:
         started = time.perf_counter()
         with pytest.raises(wk.StoreError, match="another windowkit convert is writing this"):
-            _convert(sources, out, concept_format)
+            convert_sources(sources, out, concept_format)
         assert time.perf_counter() - started < 5
     finally:
         running.release()
-    _convert(sources, out, concept_format)  # the lock is gone with its holder
+    convert_sources(sources, out, concept_format)  # the lock is gone with its holder
     assert verify_store(out) == []
 
 
@@ -118,7 +77,7 @@ def test_not_enough_disk_space_is_refused_before_writing(
     assert re.search(r"not enough disk space for the store: it needs about 1\.\d MiB, "
                      r"1000 Bytes are free", result.output), result.output
     assert result.output.count("\n") == 1
-    assert _leftovers(tmp_path) == [] and not (tmp_path / "store").exists()
+    assert leftovers(tmp_path) == [] and not (tmp_path / "store").exists()
 
 
 # -- kill -9 ------------------------------------------------------------------------------
@@ -184,7 +143,7 @@ def test_kill_9_after_finished_parts_then_resume(tmp_path: Path, sources: list[P
         assert parts <= done < 6 and not out.exists(), "the kill landed too late"
         rerun = _spawn(concept_format, out, "files", files)
         assert rerun.wait() == 0, rerun.stderr.read().decode()[-2000:] if rerun.stderr else ""
-        assert _tree(out) == reference
+        assert file_tree(out) == reference
         assert verify_store(out) == []
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -223,7 +182,7 @@ def test_kill_9_at_random_moments_soak(tmp_path: Path, sources: list[Path], conc
         proc.wait()
         if not out.exists():
             assert _spawn(concept_format, out, "files", files).wait() == 0
-        assert _tree(out) == reference
+        assert file_tree(out) == reference
         assert verify_store(out) == []
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -235,11 +194,11 @@ def test_too_little_space_on_resume_keeps_the_finished_parts(
         tmp_path: Path, sources: list[Path], concept_format: str, reference: dict[str, bytes],
         monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "store"
-    _interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=2)
+    interrupted_convert(monkeypatch, sources, out, concept_format, parts_done=2)
     usage = namedtuple("usage", "total used free")
     with monkeypatch.context() as patch:
         patch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 0))
         with pytest.raises(wk.DiskSpaceError, match="not enough disk space"):
-            _convert(sources, out, concept_format)
-    assert _leftovers(tmp_path) == [".store.windowkit-partial"]  # still resumable
-    assert _tree(_convert(sources, out, concept_format).path) == reference
+            convert_sources(sources, out, concept_format)
+    assert leftovers(tmp_path) == [".store.windowkit-partial"]  # still resumable
+    assert file_tree(convert_sources(sources, out, concept_format).path) == reference

@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 
 import windowkit as wk
-from tests.test_bad_input import _long, _save, _table
-from tests.test_safety import _convert, _sources, _tree
+from tests.conftest import npy_sources
+from tests.helpers import convert_sources, file_tree, long_csv, npy_file, text_file
 from windowkit.cli import main
 from windowkit.errors import SourceChangedError
 from windowkit.formats import get_format
@@ -75,24 +75,26 @@ def test_a_source_changed_during_the_conversion_is_never_published(
         tmp_path: Path, concept_format: str, monkeypatch: pytest.MonkeyPatch, how: str,
         message: str) -> None:
     (tmp_path / "src").mkdir()
-    sources = _sources(tmp_path / "src")
+    sources = npy_sources(tmp_path / "src")
     out = tmp_path / "store"
     with monkeypatch.context() as patch:
         _after_parts(patch, concept_format, 2, _change(sources[0], how))
         with pytest.raises(SourceChangedError) as raised:
-            _convert(sources, out, concept_format)
+            convert_sources(sources, out, concept_format)
     assert str(raised.value).startswith(f"{sources[0]}: the source changed during the "
                                         f"conversion ({message}); nothing was published")
     assert not out.exists() and (_workspace(out) / "_resume").is_dir(), "workspace not kept"
-    store = _convert(sources, out, concept_format)  # the same command: the source as it is now
-    assert _tree(store.path) == _tree(_convert(sources, tmp_path / "fresh", concept_format).path)
+    # the same command: the source as it is now
+    store = convert_sources(sources, out, concept_format)
+    fresh = convert_sources(sources, tmp_path / "fresh", concept_format)
+    assert file_tree(store.path) == file_tree(fresh.path)
     assert verify_store(out) == []
 
 
 def test_a_table_changed_during_the_conversion_is_one_line(
         tmp_path: Path, concept_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
     table = tmp_path / "t.csv"
-    table.write_text(_long([("a", t, str(t)) for t in range(600)]
+    table.write_text(long_csv([("a", t, str(t)) for t in range(600)]
                            + [("b", t, "2.5") for t in range(600)]))
     out = tmp_path / "store"
     _after_parts(monkeypatch, concept_format, 1, lambda: table.write_text(
@@ -114,7 +116,7 @@ def test_an_object_rewritten_on_s3_during_the_conversion_is_refused(
     fs = fsspec.filesystem("s3")
     (tmp_path / "src").mkdir()
     urls = []
-    for path in _sources(tmp_path / "src"):
+    for path in npy_sources(tmp_path / "src"):
         fs.put(str(path), f"{s3_bucket}/{path.name}")
         urls.append(f"{s3_bucket}/{path.name}")
     changed = tmp_path / "src" / "changed.npy"
@@ -152,21 +154,21 @@ def _device(d: Path) -> Path:
 _ROWS = [("a", t, "1.5") for t in range(12)] + [("b", t, "2.5") for t in range(12)]
 _LONG = ["--series-col", "id", "--time-col", "t"]
 REFUSED = [  # (make source, options, message)
-    (_save("nine.npy", np.zeros((50, *[1] * 9), np.float32)), [],
+    (npy_file("nine.npy", np.zeros((50, *[1] * 9), np.float32)), [],
      "nine.npy: rows have 9 dimensions (1, 1, 1, 1, 1, 1, 1, 1, 1); a store holds rows of "
      "at most 8 dimensions"),
-    (_save("none.npy", np.zeros((100, 0), np.float32)), [],
+    (npy_file("none.npy", np.zeros((100, 0), np.float32)), [],
      "none.npy: rows hold no values (step shape (0,)); each row needs at least one feature"),
-    (_table("t.csv", ",a,b\n" + "".join(f"{i},{i},{i}\n" for i in range(20))), [],
+    (text_file("t.csv", ",a,b\n" + "".join(f"{i},{i},{i}\n" for i in range(20))), [],
      "t.csv: column 0 (counting from 0) has no name in the header: name it, or choose the "
      "columns to use with --columns"),
-    (_table("t.csv", "a,b,a\n" + "1,2,3\n" * 20), [],
+    (text_file("t.csv", "a,b,a\n" + "1,2,3\n" * 20), [],
      "t.csv: column name 'a' appears 2 times in the header; column names must be unique"),
-    (_table("t.csv", f"{'x' * 300},b\n" + "1,2\n" * 20), [],
+    (text_file("t.csv", f"{'x' * 300},b\n" + "1,2\n" * 20), [],
      "t.csv: column 0 has a name of 300 characters, over 256"),
-    (_table("t.csv", _long([*_ROWS[:14], ("", 2, "1"), *_ROWS[15:]])), _LONG,
+    (text_file("t.csv", long_csv([*_ROWS[:14], ("", 2, "1"), *_ROWS[15:]])), _LONG,
      "t.csv: row 14, series column 'id' is empty; every row needs a series id"),
-    (_table("t.csv", "v,w\n" + "1,2\n" * 20), ["--columns", "v,v"],
+    (text_file("t.csv", "v,w\n" + "1,2\n" * 20), ["--columns", "v,v"],
      "t.csv: --columns names 'v' more than once; name each column once"),
     (_parquet_with_empty_id, _LONG, "t.parquet: row 12, series column 'id' is empty"),
     (_fifo("pipe.npy"), [], "pipe.npy: is a FIFO (named pipe), not a file; a source must be "
@@ -236,7 +238,7 @@ def test_memory_and_space_errors_are_one_line_and_keep_the_parts(
         tmp_path: Path, concept_format: str, monkeypatch: pytest.MonkeyPatch, exc: BaseException,
         message: str) -> None:
     (tmp_path / "src").mkdir()
-    sources = _sources(tmp_path / "src")
+    sources = npy_sources(tmp_path / "src")
     out = tmp_path / "store"
     _after_parts(monkeypatch, concept_format, 1, _raise(exc))
     result = CliRunner().invoke(main, ["convert", *map(str, sources), "--format", concept_format,
@@ -309,7 +311,7 @@ def _start_workers(tmp_path: Path, fmt: str, *extra: str
     child = tmp_path / "child.py"
     child.write_text(_CHILD)
     out = tmp_path / "store"
-    argv = [sys.executable, str(child), "convert", *map(str, _sources(tmp_path / "src")),
+    argv = [sys.executable, str(child), "convert", *map(str, npy_sources(tmp_path / "src")),
             "--format", fmt, "--out", str(out), "--window", "8", "-q", "--workers", "2",
             "--block-rows", "128", "--parts", "12", *extra]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,

@@ -13,13 +13,12 @@ import pytest
 
 import windowkit as wk
 from tests.conftest import IMPLEMENTED_FORMATS, collect_epoch, oracle_windows
-from tests.format_contract import (
+from tests.helpers import (
     ALL_DTYPES,
-    _check_normalized,
-    _dtype_series,
-    _normalized,
-    _numbered_series,
-    datasets,  # noqa: F401 (tests/test_keras_dataset.py draws its stores from it)
+    check_normalized,
+    dtype_series,
+    normalized,
+    numbered_series,
 )
 
 
@@ -30,7 +29,7 @@ def test_every_dtype_normalizes_in_tf_dataset(dtype: str, tmp_path: Path) -> Non
     after decoding, in the graph both tf readers share, so the dtypes take
     turns over the formats (decoding is checked per format: FormatTests)."""
     fmt = IMPLEMENTED_FORMATS[ALL_DTYPES.index(dtype) % len(IMPLEMENTED_FORMATS)]
-    series = _dtype_series(dtype)
+    series = dtype_series(dtype)
     spec = wk.WindowSpec(5, stride=2, horizon=1)
     store = wk.convert(series, tmp_path / "s", format=fmt, window=spec, block_rows=16)
     if dtype == "float64":  # extremes: statistics overflow, normalizing is refused
@@ -38,14 +37,14 @@ def test_every_dtype_normalizes_in_tf_dataset(dtype: str, tmp_path: Path) -> Non
         with pytest.raises(wk.StoreError, match="no normalization statistics"):
             store.tf_dataset("train", 32, normalize=True)
         return
-    expected = _normalized(store, *oracle_windows(series, spec))
+    expected = normalized(store, *oracle_windows(series, spec))
     got = collect_epoch(store.tf_dataset("train", 32, shuffle=False, normalize=True))
-    _check_normalized(got, expected, dtype)
+    check_normalized(got, expected, dtype)
 
 
 def test_shuffled_epochs_visit_each_window_once_in_new_orders(concept_format: str,
                                                               tmp_path: Path) -> None:
-    series = _numbered_series([500, 320, 7, 260])
+    series = numbered_series([500, 320, 7, 260])
     spec = wk.WindowSpec(5, stride=2)
     store = wk.convert(series, tmp_path / "s", format=concept_format, window=spec, block_rows=16)
     expected_first_rows = oracle_windows(series, spec)[0][:, 0, 0]
@@ -62,7 +61,7 @@ def test_shuffled_epochs_visit_each_window_once_in_new_orders(concept_format: st
 
 def test_small_store_shuffle_mixes_the_whole_split(concept_format: str, tmp_path: Path) -> None:
     """When the cache holds every block, a batch draws from the whole split."""
-    series = _numbered_series([4000])
+    series = numbered_series([4000])
     store = wk.convert(series, tmp_path / "s", format=concept_format, window=8, block_rows=64)
     first = next(iter(store.tf_dataset("train", 256, seed=0)))[:, 0, 0].numpy()
     blocks = np.unique(first // 64)
@@ -70,7 +69,7 @@ def test_small_store_shuffle_mixes_the_whole_split(concept_format: str, tmp_path
 
 
 def test_drop_remainder_gives_static_batch_dimension(concept_format: str, tmp_path: Path) -> None:
-    store = wk.convert(_numbered_series([100]), tmp_path / "s", format=concept_format,
+    store = wk.convert(numbered_series([100]), tmp_path / "s", format=concept_format,
                        window=wk.WindowSpec(4, horizon=2))
     ds = store.tf_dataset("train", 16, drop_remainder=True)
     x_spec, y_spec = ds.element_spec
@@ -113,7 +112,7 @@ def test_normalize_is_per_channel_for_frames(concept_format: str, tmp_path: Path
 
 
 def test_windows_rejects_positions_out_of_range(concept_format: str, tmp_path: Path) -> None:
-    store = wk.convert(_numbered_series([20]), tmp_path / "s", format=concept_format, window=5)
+    store = wk.convert(numbered_series([20]), tmp_path / "s", format=concept_format, window=5)
     with pytest.raises(IndexError, match="window position 16 is out of range for 16 windows"):
         store.windows("train", [0, 16])
     with pytest.raises(wk.InvalidSpecError, match="split 'val' is not in store"):
@@ -121,7 +120,7 @@ def test_windows_rejects_positions_out_of_range(concept_format: str, tmp_path: P
 
 
 def test_parallel_convert_reports_the_first_bad_row(concept_format: str, tmp_path: Path) -> None:
-    series = _numbered_series([300, 300])
+    series = numbered_series([300, 300])
     series[1][123, 1] = np.nan
     with pytest.raises(wk.SourceError, match="series '1': row 123, column 1 is nan"):
         wk.convert(series, tmp_path / "s", format=concept_format, window=4, block_rows=32, parts=4,
@@ -130,7 +129,7 @@ def test_parallel_convert_reports_the_first_bad_row(concept_format: str, tmp_pat
 
 
 def test_batches_can_be_prefetched_to_a_device(concept_format: str, tmp_path: Path) -> None:
-    series = _numbered_series([60])
+    series = numbered_series([60])
     store = wk.convert(series, tmp_path / "s", format=concept_format, window=4)
     x = collect_epoch(store.tf_dataset("train", 8, shuffle=False, device="/CPU:0"))[0]
     np.testing.assert_array_equal(x, oracle_windows(series, store.spec)[0])
@@ -140,7 +139,7 @@ def test_batches_can_be_prefetched_to_a_device(concept_format: str, tmp_path: Pa
 
 
 def test_tf_dataset_rejects_bad_arguments(concept_format: str, tmp_path: Path) -> None:
-    store = wk.convert(_numbered_series([40]), tmp_path / "s", format=concept_format, window=4)
+    store = wk.convert(numbered_series([40]), tmp_path / "s", format=concept_format, window=4)
     with pytest.raises(wk.InvalidSpecError, match="batch_size must be an integer >= 1, got 0"):
         store.tf_dataset("train", 0)
     with pytest.raises(wk.InvalidSpecError, match="shuffle_blocks must be an integer >= 1, got 0"):

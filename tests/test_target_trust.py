@@ -24,9 +24,14 @@ from click.testing import CliRunner
 
 import windowkit as wk
 from tests.conftest import oracle_windows
-from tests.test_data_safety import _cli_convert, _one_line_error, _snapshot
-from tests.test_remote import _series
-from tests.test_safety import SPEC, _convert
+from tests.helpers import (
+    SPEC,
+    assert_one_line_error,
+    cli_convert,
+    convert_sources,
+    random_series,
+    snapshot,
+)
 from windowkit.cli import main
 from windowkit.conversion import _pipeline, _remote
 from windowkit.errors import carried_error
@@ -48,11 +53,11 @@ def test_a_forged_manifest_is_refused_and_nothing_is_deleted(tmp_path: Path,
     forged.mkdir()
     (forged / "thesis.txt").write_text("thesis\n")
     (forged / "windowkit.json").write_text(json.dumps(FORGED))
-    before = _snapshot(forged)
-    result = _cli_convert(sources, forged, concept_format, "--overwrite")
-    _one_line_error(result, str(forged), "windowkit.json does not open as one",
+    before = snapshot(forged)
+    result = cli_convert(sources, forged, concept_format, "--overwrite")
+    assert_one_line_error(result, str(forged), "windowkit.json does not open as one",
                     "nothing was changed")
-    assert _snapshot(forged) == before
+    assert snapshot(forged) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forged", "src"]
 
 
@@ -61,7 +66,7 @@ def test_a_valid_manifest_listing_a_users_file_does_not_delete_it(
 ) -> None:
     """A real store's manifest edited to list the user's file (a digest the file
     does not have): the old store is replaced, the user's file kept and named."""
-    store = _convert(sources, tmp_path / "store", concept_format)
+    store = convert_sources(sources, tmp_path / "store", concept_format)
     thesis = store.path / "thesis.txt"
     thesis.write_text("three years of work")
     manifest = json.loads((store.path / "windowkit.json").read_text())
@@ -70,7 +75,7 @@ def test_a_valid_manifest_listing_a_users_file_does_not_delete_it(
     (store.path / "windowkit.json").write_text(json.dumps(manifest))
     wk.open_store(store.path)  # it opens: the same rules as --overwrite's
     with caplog.at_level(logging.WARNING, logger="windowkit"):
-        result = _cli_convert(sources[:2], store.path, concept_format, "--overwrite")
+        result = cli_convert(sources[:2], store.path, concept_format, "--overwrite")
     assert result.exit_code == 0, result.output
     assert "kept 'thesis.txt' of the replaced store" in caplog.text
     [retired] = tmp_path.glob(".store.windowkit-old-*")
@@ -84,19 +89,19 @@ def test_a_listed_file_the_user_changed_is_kept(tmp_path: Path, sources: list[Pa
                                                 caplog: pytest.LogCaptureFixture) -> None:
     """Changed size: refused before anything is touched. Same size, other bytes
     (seen only by its SHA-256, at deletion): kept and named in a warning."""
-    store = _convert(sources, tmp_path / "store", concept_format)
+    store = convert_sources(sources, tmp_path / "store", concept_format)
     series = store.path / "series.parquet"
     original = series.read_bytes()
     series.write_bytes(original + b"mine")
-    before = _snapshot(store.path)
-    _one_line_error(_cli_convert(sources, store.path, concept_format, "--overwrite"),
+    before = snapshot(store.path)
+    assert_one_line_error(cli_convert(sources, store.path, concept_format, "--overwrite"),
                     "'series.parquet' was changed since windowkit wrote it",
                     "nothing was changed")
-    assert _snapshot(store.path) == before
+    assert snapshot(store.path) == before
     edited = bytes([original[0] ^ 1]) + original[1:]
     series.write_bytes(edited)
     with caplog.at_level(logging.WARNING, logger="windowkit"):
-        result = _cli_convert(sources[:2], store.path, concept_format, "--overwrite")
+        result = cli_convert(sources[:2], store.path, concept_format, "--overwrite")
     assert result.exit_code == 0, result.output
     assert "kept 'series.parquet' of the replaced store" in caplog.text
     [retired] = tmp_path.glob(".store.windowkit-old-*")
@@ -111,12 +116,12 @@ def test_the_current_directory_is_refused_as_a_target(tmp_path: Path, sources: l
     here = tmp_path / "cwd" / "here"
     here.mkdir(parents=True)
     monkeypatch.chdir(here.parent if out == "here/.." else here)
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     for extra in ((), ("--overwrite",)):
         result = CliRunner().invoke(main, ["convert", *map(str, sources), "--format", "zarr",
                                            "--out", out, "--window", "8", "-q", *extra])
-        _one_line_error(result, "is the current directory or holds it")
-    assert _snapshot(tmp_path) == before  # no workspace, inside or beside
+        assert_one_line_error(result, "is the current directory or holds it")
+    assert snapshot(tmp_path) == before  # no workspace, inside or beside
 
 
 def test_the_workspace_of_a_relative_target_is_beside_it(tmp_path: Path,
@@ -144,14 +149,14 @@ def _unopenable(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_manifest_that_would_not_open_is_not_published(
         tmp_path: Path, sources: list[Path], concept_format: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    old = _convert(sources, tmp_path / "store", concept_format)
-    before = _snapshot(old.path)
+    old = convert_sources(sources, tmp_path / "store", concept_format)
+    before = snapshot(old.path)
     _unopenable(monkeypatch)
     with pytest.raises(wk.StoreError, match=r"step_shape.*nothing was published"):
-        _convert(sources[:2], tmp_path / "store", concept_format, overwrite=True)
+        convert_sources(sources[:2], tmp_path / "store", concept_format, overwrite=True)
     with pytest.raises(wk.StoreError, match="nothing was published"):
-        _convert(sources, tmp_path / "new", concept_format)
-    assert _snapshot(old.path) == before
+        convert_sources(sources, tmp_path / "new", concept_format)
+    assert snapshot(old.path) == before
     assert not os.path.lexists(tmp_path / "new")
 
 
@@ -166,7 +171,7 @@ def test_a_forged_remote_manifest_is_refused_and_nothing_is_deleted(
     np.save(npy, np.arange(600, dtype=np.float32).reshape(200, 3))
     result = CliRunner().invoke(main, ["convert", str(npy), "--format", "zarr", "--window",
                                        "32", "--overwrite", "--out", url, "-q"])
-    _one_line_error(result, "windowkit.json does not open as one", "nothing was changed")
+    assert_one_line_error(result, "windowkit.json does not open as one", "nothing was changed")
     assert sorted(fs.find(_s3(s3_bucket))) == [f"{_s3(url)}/thesis.txt",
                                                f"{_s3(url)}/windowkit.json"]
     assert fs.cat(f"{_s3(url)}/thesis.txt") == b"thesis\n"
@@ -175,7 +180,7 @@ def test_a_forged_remote_manifest_is_refused_and_nothing_is_deleted(
 def test_a_remote_object_the_user_changed_is_refused(s3_bucket: str, concept_format: str,
                                                      mirror_cache: Path) -> None:
     url = f"{s3_bucket}/s"
-    series = _series([300, 200])
+    series = random_series([300, 200])
     wk.convert(series, url, format=concept_format, window=8, block_rows=64)
     fs = fsspec.filesystem("s3")
     key = f"{_s3(url)}/series.parquet"
@@ -198,7 +203,7 @@ def test_a_bucket_root_is_refused_in_one_line(s3_bucket: str, mirror_cache: Path
     np.save(npy, np.arange(300, dtype=np.float32).reshape(100, 3))
     result = CliRunner().invoke(main, ["convert", str(npy), "--format", "zarr", "--window",
                                        "8", "--out", s3_bucket + root, "-q"])
-    _one_line_error(result, "is a bucket root", "/store")
+    assert_one_line_error(result, "is a bucket root", "/store")
     assert fsspec.filesystem("s3").find(_s3(s3_bucket)) == []
     assert not list(mirror_cache.glob("remote/*/*"))
 
@@ -208,7 +213,7 @@ def test_a_remote_manifest_that_would_not_open_is_not_published(
     url = f"{s3_bucket}/s"
     _unopenable(monkeypatch)
     with pytest.raises(wk.StoreError, match="nothing was published"):
-        wk.convert(_series([200]), url, format="parquet", window=8)
+        wk.convert(random_series([200]), url, format="parquet", window=8)
     assert not fsspec.filesystem("s3").exists(f"{_s3(url)}/windowkit.json")
 
 
@@ -236,7 +241,7 @@ def test_a_remote_store_being_replaced_keeps_opening_and_reading_until_the_swap(
     from windowkit import guard as manifest_module
 
     url = f"{s3_bucket}/s"
-    old, new = _series([300, 200]), _series([250], seed=1)
+    old, new = random_series([300, 200]), random_series([250], seed=1)
     spec = wk.WindowSpec(8)
     old_windows, new_windows = oracle_windows(old, spec)[0], oracle_windows(new, spec)[0]
     first = wk.convert(old, url, format=concept_format, window=8, block_rows=64)
@@ -291,7 +296,7 @@ def test_an_interrupted_replacement_keeps_a_store_and_the_same_command_finishes_
     reading; one killed after it, the new store. Either way the same command
     again publishes the new store and leaves only its objects."""
     url = f"{s3_bucket}/s"
-    old, new = _series([300, 200]), _series([250], seed=1)
+    old, new = random_series([300, 200]), random_series([250], seed=1)
     spec = wk.WindowSpec(8)
     wk.convert(old, url, format=concept_format, window=8, block_rows=64)
     commit = _remote.commit
@@ -334,7 +339,7 @@ def test_a_first_remote_store_being_published_says_so(
         commit(*args)
 
     monkeypatch.setattr(_remote, "commit", paused_commit)
-    store = wk.convert(_series([300]), url, format=concept_format, window=8, block_rows=64)
+    store = wk.convert(random_series([300]), url, format=concept_format, window=8, block_rows=64)
     assert len(seen) == 1 and "a conversion is publishing one here" in seen[0], seen
     assert store.manifest.root == "" and store.num_windows("train") > 0
 
@@ -343,7 +348,7 @@ def test_a_manifest_root_must_be_one_folder_of_the_store(tmp_path: Path, sources
                                                           concept_format: str) -> None:
     """A local store keeps its layout (no ``root`` in its manifest); a ``root``
     that is not one plain folder name is refused when opening."""
-    store = _convert(sources, tmp_path / "s", concept_format)
+    store = convert_sources(sources, tmp_path / "s", concept_format)
     path = store.path / "windowkit.json"
     raw = json.loads(path.read_text())
     assert "root" not in raw and store.root == store.path
@@ -428,7 +433,7 @@ def test_a_stale_lock_is_taken_over_by_one_conversion(s3_bucket: str,
                                                       mirror_cache: Path) -> None:
     url = f"{s3_bucket}/s"
     lock = _plant_stale_lock(url)
-    series = _series([200])
+    series = random_series([200])
     store = wk.convert(series, url, format="zarr", window=SPEC)
     assert store.num_windows("train") == len(oracle_windows(series, SPEC)[0])
     fsspec.filesystem("s3").invalidate_cache()

@@ -15,26 +15,15 @@ import pytest
 
 import windowkit as wk
 from tests.conftest import collect_epoch
+from tests.helpers import sorted_rows, tagged_series
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tagged(lengths: list[int]) -> list[np.ndarray]:
-    """Series whose feature 0 is the series number and feature 1 the row: a
-    window says where it came from."""
-    return [np.column_stack([np.full(n, s), np.arange(n), np.sin(np.arange(n) + s)]
-                            ).astype(np.float32) for s, n in enumerate(lengths)]
-
-
-def _sorted(x: np.ndarray) -> np.ndarray:
-    flat = x.reshape(len(x), -1)
-    return flat[np.lexsort(flat.T[::-1])]
-
-
 @pytest.fixture
 def store(tmp_path: Path, concept_format: str) -> wk.Store:
-    return wk.convert(_tagged([700, 333, 900, 50, 400, 610]), tmp_path / "s", format=concept_format,
-                      window=wk.WindowSpec(8, horizon=2), block_rows=64)
+    return wk.convert(tagged_series([700, 333, 900, 50, 400, 610]), tmp_path / "s",
+                      format=concept_format, window=wk.WindowSpec(8, horizon=2), block_rows=64)
 
 
 def _every_window(store: wk.Store) -> np.ndarray:
@@ -49,8 +38,8 @@ def test_global_shuffle_is_a_new_permutation_each_epoch(store: wk.Store) -> None
     first, y = collect_epoch(ds)
     second, _ = collect_epoch(ds)
     assert y is not None and len(y) == len(first)
-    np.testing.assert_array_equal(_sorted(first), _sorted(everything))
-    np.testing.assert_array_equal(_sorted(second), _sorted(everything))
+    np.testing.assert_array_equal(sorted_rows(first), sorted_rows(everything))
+    np.testing.assert_array_equal(sorted_rows(second), sorted_rows(everything))
     assert not np.array_equal(first, second)
     again, _ = collect_epoch(store.tf_dataset("train", 32, shuffle="global", seed=5))
     np.testing.assert_array_equal(again, first)  # the seed fixes the epochs
@@ -74,7 +63,7 @@ def test_global_batches_mix_the_whole_split(store: wk.Store) -> None:
 def test_keras_global_shuffle_is_a_permutation(store: wk.Store) -> None:
     ds = store.keras_dataset("train", 32, shuffle="global", seed=2)
     epoch = np.concatenate([ds[i][0] for i in range(len(ds))])
-    np.testing.assert_array_equal(_sorted(epoch), _sorted(_every_window(store)))
+    np.testing.assert_array_equal(sorted_rows(epoch), sorted_rows(_every_window(store)))
     series = epoch[: len(epoch) // 32 * 32, 0, 0].reshape(-1, 32)
     assert np.mean([len(np.unique(b)) for b in series]) > 4  # 6 series, uniformly mixed
 
@@ -82,10 +71,10 @@ def test_keras_global_shuffle_is_a_permutation(store: wk.Store) -> None:
 def test_global_shuffle_beyond_its_budget_reads_every_window_once(store: wk.Store) -> None:
     """Rows beyond memory_budget are spilled to local disk, not refused."""
     x, _ = collect_epoch(store.tf_dataset("train", 32, shuffle="global", memory_budget=1000))
-    np.testing.assert_array_equal(_sorted(x), _sorted(_every_window(store)))
+    np.testing.assert_array_equal(sorted_rows(x), sorted_rows(_every_window(store)))
     ds = store.keras_dataset("train", 32, shuffle="global", memory_budget=1000)
     epoch = np.concatenate([ds[i][0] for i in range(len(ds))])
-    np.testing.assert_array_equal(_sorted(epoch), _sorted(_every_window(store)))
+    np.testing.assert_array_equal(sorted_rows(epoch), sorted_rows(_every_window(store)))
 
 
 @pytest.mark.parametrize("value", ["yes", "block", 2, None, "GLOBAL"])
@@ -109,7 +98,7 @@ def test_shards_are_disjoint_cover_the_split_and_are_balanced(store: wk.Store,
     parts = [collect_epoch(store.tf_dataset("train", 16, shuffle=shuffle, seed=3,
                                             num_shards=3, shard_index=i))[0]
              for i in range(3)]
-    np.testing.assert_array_equal(_sorted(np.concatenate(parts)), _sorted(everything))
+    np.testing.assert_array_equal(sorted_rows(np.concatenate(parts)), sorted_rows(everything))
     even = len(everything) / 3  # each shard within one block's windows of an even share
     assert all(abs(len(p) - even) <= per_block.max() for p in parts), [len(p) for p in parts]
     keras_parts = []
@@ -119,15 +108,16 @@ def test_shards_are_disjoint_cover_the_split_and_are_balanced(store: wk.Store,
         keras_parts.append(np.concatenate([keras[b][0] for b in range(len(keras))]))
     if shuffle is False:  # block shards: shard i's windows start in its own blocks only
         for part, keras_part in zip(parts, keras_parts, strict=True):
-            np.testing.assert_array_equal(_sorted(keras_part), _sorted(part))
+            np.testing.assert_array_equal(sorted_rows(keras_part), sorted_rows(part))
     else:  # uniform (this split fits the budget): each epoch's permutation dealt out
-        np.testing.assert_array_equal(_sorted(np.concatenate(keras_parts)), _sorted(everything))
+        np.testing.assert_array_equal(sorted_rows(np.concatenate(keras_parts)),
+                                      sorted_rows(everything))
 
 
 def test_a_shard_reads_only_its_own_blocks(tmp_path: Path) -> None:
     """Damage the last record of a TFRecord store: shard 0 (the first blocks) still
     reads, shard 1 names the damage."""
-    store = wk.convert(_tagged([700, 900]), tmp_path / "s", format="tfrecord",
+    store = wk.convert(tagged_series([700, 900]), tmp_path / "s", format="tfrecord",
                        window=8, block_rows=64, parts=2)
     last = sorted((tmp_path / "s" / "data").glob("*.tfrecord"))[-1]
     blob = bytearray(last.read_bytes())
@@ -301,8 +291,8 @@ def test_an_iterator_resumes_in_a_new_process(tmp_path: Path, concept_format: st
     same batches as an uninterrupted run; the checkpoint holds positions, not
     the batches in flight; and symbolic checkpointing logs no warning (a
     stateful row reader would make it log one for every group read)."""
-    store = wk.convert(_tagged([300, 260, 410]), tmp_path / "s", format=concept_format, window=8,
-                       block_rows=32)
+    store = wk.convert(tagged_series([300, 260, 410]), tmp_path / "s", format=concept_format,
+                       window=8, block_rows=32)
     per_epoch = -(-store.num_windows("train") // 16)
     script = tmp_path / "resume.py"
     script.write_text(_RESUME)
@@ -404,7 +394,7 @@ def test_keras_fit_resumes_at_the_batch_where_it_stopped(tmp_path: Path, backend
 
 
 def test_a_dataset_seeks_to_a_batch_of_an_epoch(tmp_path: Path) -> None:
-    ds = wk.convert(_tagged([300, 200]), tmp_path / "s", format="zarr",
+    ds = wk.convert(tagged_series([300, 200]), tmp_path / "s", format="zarr",
                     window=8, block_rows=64).keras_dataset("train", 16, seed=1)
     ds.epoch = 2
     whole = [ds[i] for i in range(len(ds))]
@@ -421,7 +411,7 @@ def test_a_dataset_seeks_to_a_batch_of_an_epoch(tmp_path: Path) -> None:
 # -- 6. Keras 3 backends -------------------------------------------------------------------
 def test_keras_dataset_trains_under_jax_without_tensorflow(tmp_path: Path) -> None:
     pytest.importorskip("jax")
-    store = wk.convert(_tagged([300, 200]), tmp_path / "s", format="parquet",
+    store = wk.convert(tagged_series([300, 200]), tmp_path / "s", format="parquet",
                        window=wk.WindowSpec(8, horizon=1), block_rows=64)
     code = textwrap.dedent(f"""
         import sys

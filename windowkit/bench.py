@@ -40,8 +40,18 @@ if TYPE_CHECKING:
     from windowkit.store import Store
 
 READERS = ("tf", "keras")
-SHUFFLES: dict[str, bool | str] = {"default": True, "global": "global", "blocks": "blocks",
-                                   "none": False}
+#: ``shuffle`` spelt as the readers' ``shuffle=`` argument (``true``: the default)
+SHUFFLES: dict[str, bool | str] = {"true": True, "global": "global", "blocks": "blocks",
+                                   "false": False}
+EARLIER_SHUFFLES = {"default": "true", "none": "false"}  # earlier spellings, still taken
+
+
+def shuffle_word(shuffle: str) -> str:
+    """``shuffle`` as :data:`SHUFFLES` spells it (earlier spellings taken); else one line."""
+    word = EARLIER_SHUFFLES.get(shuffle, shuffle)
+    if word not in SHUFFLES:
+        raise InvalidSpecError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
+    return word
 PLAIN_SHUFFLE_BUFFER = 10_000
 GATHER_BATCHES = 200  # batches timed by the gather-alone stage
 
@@ -242,7 +252,7 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
         limit = batches or GATHER_BATCHES
         repeat = 2 + (limit + 1) * batch_size // int(tf.size(first[0][1]))
         cut = tf.data.Dataset.from_tensors(tuple(first[0])).repeat(repeat).flat_map(
-            batch_cutter(store.spec, batch_size, None, plan.store.target_index, fields))
+            batch_cutter(store.spec, batch_size, None, plan.store.target_positions, fields))
         gather = _time_elements(_skip(cut, 1), limit, _batch_size_of)
         gather.name = "gather"
     return [read, gather]
@@ -250,22 +260,15 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
 
 def _keras_stages(store: Store, split: str, batch_size: int, seed: int,
                   batches: int | None) -> list[Stage]:
-    from windowkit.readers import DEFAULT_CACHE_BYTES
-
-    gather = store.window_gather(DEFAULT_CACHE_BYTES)
-    pool = gather.pool
-    size = pool.block_rows
-    block_first = np.arange(pool.num_blocks, dtype=np.int64) * size
-    blocks = store.runs(split).runs_per_block(
-        block_first, np.minimum(size, pool.total_rows - block_first))
-    useful = np.flatnonzero(np.diff(blocks.row_splits) > 0)
+    plan = store.read_plan(split)  # the read + decode stage: the blocks the reader loads
+    reader, layout, halo = plan.store.row_reader(), plan.layout, plan.spec.span - 1
+    useful = np.flatnonzero(plan.windows_per_block())
     rng = np.random.default_rng(seed)
-    loads = (pool.reader.read_rows(int(b) * size, min(pool.total_rows, int(b) * size
-                                                      + pool.slot_rows))
-             for b in rng.permutation(useful))
+    loads = (reader.read_rows(start, min(layout.total_rows, stop + halo))
+             for start, stop in (layout.block_range(int(b)) for b in rng.permutation(useful)))
     read = _time_elements(loads, None, lambda rows: (0, int(rows.nbytes)))
     read.name = "read+decode"
-    read.windows = store.runs(split).total
+    read.windows = plan.num_windows
     ds = store.keras_dataset(split, batch_size, shuffle=True, seed=seed)
     limit = min(len(ds), batches or GATHER_BATCHES)
     for i in range(limit):  # load the blocks these batches need
@@ -303,12 +306,12 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
     plan = store.read_plan(split)
     layout = replace(plan.layout, dtype=np.dtype(np.float64), step_shape=(1,))
     numbered = replace(plan, store=_NumberedStore(**{
-        **plan.store.__dict__, "layout": layout, "statistics": None, "target_index": None,
-        "known_index": None, "static_values": None, "static_statistics": None}))
+        **plan.store.__dict__, "layout": layout, "statistics": None, "target_positions": None,
+        "known_positions": None, "static_values": None, "static_statistics": None}))
     # the stand-in's rows are 8 bytes: scale the byte budgets so that the groups
     # of blocks, which they size, are those of the real store
     scale = layout.row_bytes / plan.layout.row_bytes
-    real = choose_shuffle(plan, SHUFFLES[shuffle])  # what the real store's reader does
+    real = choose_shuffle(plan, SHUFFLES[shuffle_word(shuffle)])  # what the real reader does
     # the same mode on the stand-in: uniform ones as "global" (uniform at any
     # budget), block groups as "blocks" (their size from the scaled budget)
     same: dict[str, bool | str] = {"whole": "global", "uniform": "global", "blocks": "blocks",
@@ -369,8 +372,6 @@ def _check_arguments(store: Store, split: str, reader: str, shuffle: str,
                      batches: int | None, warmup: int) -> None:
     if reader not in READERS:
         raise InvalidSpecError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
-    if shuffle not in SHUFFLES:
-        raise InvalidSpecError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
     if batches is not None and batches < 1:
         raise InvalidSpecError(f"batches must be >= 1, got {batches}")
     if warmup < 0:
@@ -397,12 +398,13 @@ def _reader(store: Store, split: str, batch_size: int, reader: str, shuffle: str
 
 
 def run_bench(store: Store, *, split: str = "train", batch_size: int = 256,
-              reader: str = "tf", shuffle: str = "default", batches: int | None = None,
+              reader: str = "tf", shuffle: str = "true", batches: int | None = None,
               warmup: int = 5, baseline: bool = False, seed: int = 0) -> BenchReport:
     """Time ``reader`` over ``batches`` batches (default: the rest of one epoch;
     more than an epoch holds runs more epochs) after ``warmup`` batches (at most
     a quarter of an epoch), then its stages alone, how well it mixes batches,
     then (``baseline``) the plain materialized pipeline."""
+    shuffle = shuffle_word(shuffle)
     _check_arguments(store, split, reader, shuffle, batches, warmup)
     epochs, count = _reader(store, split, batch_size, reader, shuffle, seed)
     warm = min(warmup, count // 4)
@@ -471,7 +473,7 @@ def shuffle_mode(store: Store, split: str, shuffle: str) -> tuple[str, int]:
     from windowkit.readers.options import choose_shuffle
 
     plan = store.read_plan(split)
-    choice = choose_shuffle(plan, SHUFFLES[shuffle])
+    choice = choose_shuffle(plan, SHUFFLES[shuffle_word(shuffle)])
     if choice.uniform:
         where = "in memory" if plan.rows_bytes() <= choice.memory_budget else "spilled to disk"
         mode = f"uniform, rows {where}"

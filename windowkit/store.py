@@ -114,12 +114,12 @@ class Store:
         return np.array([columns.index(name) for name in names], dtype=np.int64)
 
     @cached_property
-    def target_index(self) -> np.ndarray | None:
+    def target_positions(self) -> np.ndarray | None:
         """Positions of the target columns among the columns (None: y has every column)."""
         return self._positions(self.manifest.target_columns)
 
     @cached_property
-    def known_index(self) -> np.ndarray | None:
+    def known_positions(self) -> np.ndarray | None:
         """Positions of the known-future columns among the columns (None: none)."""
         return self._positions(self.manifest.known_columns)
 
@@ -196,8 +196,8 @@ class Store:
         m = self.manifest
         return StoreAccess(path=self.root, format=m.format, spec=self.spec, layout=self.layout,
                            data=m.data, store_id=m.store_id, statistics=_as_dict(m.normalization),
-                           target_index=self.target_index, known_index=self.known_index,
-                           static_values=self.static_values,
+                           target_positions=self.target_positions,
+                           known_positions=self.known_positions, static_values=self.static_values,
                            static_statistics=_as_dict(m.static_statistics), guard=self.guard)
 
     def read_plan(self, split: str = "train") -> ReadPlan:
@@ -234,9 +234,9 @@ class Store:
                 self._gather = self.window_gather()
             gather = self._gather
         fields = self.access.fields(return_series)
-        x, horizon = gather.cut(starts, fields.horizon_columns(self.target_index))
+        x, horizon = gather.cut(starts, fields.horizon_columns(self.target_positions))
         return fields.assemble(x, horizon, series if fields.series else None,
-                              targets=self.target_index,
+                              targets=self.target_positions,
                               norm=self.access.normalizer() if normalize else None)
 
     def _reader_plan(self, split: str, shard: ShardOptions, order: ShuffleOptions

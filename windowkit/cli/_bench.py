@@ -15,11 +15,9 @@ from windowkit.cli._common import one_line_errors
 @click.option("--batch-size", type=int, default=256, show_default=True, help="Windows per batch.")
 @click.option("--reader", type=click.Choice(["tf", "keras"]), default="tf", show_default=True,
               help="tf: Store.tf_dataset; keras: Store.keras_dataset.")
-@click.option("--shuffle", type=click.Choice(["default", "global", "blocks", "none"]),
-              default="default",
-              show_default=True,
-              help="The reader's shuffle: default (shuffle=True: uniform when the split "
-                   "fits the memory budget, else block groups), global, blocks, none (False).")
+@click.option("--shuffle", default="true", show_default=True, metavar="true|global|blocks|false",
+              help="The reader's shuffle= argument: true (the default: uniform when the "
+                   "split fits the memory budget, else block groups), global, blocks, false.")
 @click.option("--batches", type=int, default=None,
               help="Batches to time after the warm-up; more than an epoch holds runs more "
                    "epochs [default: the rest of one epoch].")

@@ -208,7 +208,7 @@ class WindowPyDataset(keras.utils.PyDataset):
             starts, series = order.batch_with_series(i, self.batch_size)
         else:
             starts = order.batch(i, self.batch_size)
-        targets = self.plan.store.target_index
+        targets = self.plan.store.target_positions
         x, horizon = local.gather.cut(starts, fields.horizon_columns(targets))
         return fields.assemble(x, horizon, series, targets=targets,
                               norm=local.normalizer)

@@ -40,8 +40,8 @@ class StoreAccess:
     data: dict[str, Any]  # the format's section of the manifest
     store_id: str
     statistics: dict[str, Any] | None  # training rows' per-column statistics
-    target_index: np.ndarray | None  # columns targets keep (None: all)
-    known_index: np.ndarray | None  # columns whose horizon values are known (future_known)
+    target_positions: np.ndarray | None  # columns targets keep (None: all)
+    known_positions: np.ndarray | None  # columns whose horizon values are known (future_known)
     static_values: np.ndarray | None  # [series, S] static features (float64)
     static_statistics: dict[str, Any] | None  # of the training series' static features
     guard: StoreGuard
@@ -62,7 +62,7 @@ class StoreAccess:
     def window_gather(self, cache_bytes: int = DEFAULT_CACHE_BYTES) -> WindowGather:
         """A new gatherer with its own block cache of ``cache_bytes``."""
         return WindowGather(self.row_reader(), self.layout, spec=self.spec,
-                            cache_bytes=cache_bytes, targets=self.target_index)
+                            cache_bytes=cache_bytes, targets=self.target_positions)
 
     def normalizer(self) -> Normalizer:
         """``(x - mean) / std`` with the training rows' statistics."""
@@ -74,11 +74,11 @@ class StoreAccess:
 
     def target_normalizer(self) -> Normalizer:
         """The normalizer of the target columns."""
-        return self.normalizer().select(self.target_index)
+        return self.normalizer().select(self.target_positions)
 
     def fields(self, return_series: bool) -> BatchFields:
         """What a batch holds besides inputs and targets (see :class:`BatchFields`)."""
-        return BatchFields(known=self.known_index,
+        return BatchFields(known=self.known_positions,
                           series=bool(return_series) or self.static_values is not None,
                           static=self.static_values, static_stats=self.static_statistics,
                           static_dtype="float64" if self.layout.dtype == np.float64

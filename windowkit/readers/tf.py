@@ -74,7 +74,7 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
     from windowkit.readers.tfdata_engine.carry import carried_batches
 
     norm = plan.store.normalizer() if normalize else None
-    cutter = WindowCutter(plan.spec, norm, plan.store.target_index, fields)
+    cutter = WindowCutter(plan.spec, norm, plan.store.target_positions, fields)
     empty_rows = tf.zeros([plan.spec.span, *plan.layout.step_shape], tf.as_dtype(plan.layout.dtype))
     ds = carried_batches(groups, cutter, batch_size=batch_size, drop_remainder=drop_remainder,
                          empty_rows=empty_rows, with_series=fields.series)

@@ -1,7 +1,7 @@
 """Input series: ``.npy`` files and arrays (:mod:`._arrays`), and tables, CSV,
 Parquet and DataFrames, staged to memory-mapped files (:mod:`._tables`), with
 their time columns (:mod:`._times`) and, when their series interleave,
-grouped first (:mod:`._grouping`); several table files (a list, a glob, a
+grouped first (:mod:`._interleaved`); several table files (a list, a glob, a
 directory of parts, hive partitions) are read as one table (:mod:`._datasets`)."""
 
 from windowkit.sources._arrays import (

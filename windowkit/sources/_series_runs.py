@@ -4,7 +4,7 @@ A long table names each row's series in its series column; staging needs the
 runs of consecutive rows of one series, and each series' rows together. A
 series that turns up again after another one started is refused with
 :class:`NotInOrderError`, which staging answers by grouping the table in
-memory when it fits (:mod:`._grouping`). A wide table, without a series
+memory when it fits (:mod:`._interleaved`). A wide table, without a series
 column, is one series.
 """
 

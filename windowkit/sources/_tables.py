@@ -35,7 +35,7 @@ from windowkit.errors import DiskSpaceError, SourceError, SourceNotFoundError, W
 from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
 from windowkit.sources._datasets import TableFiles, dataset_batches, fingerprint, table_files
 from windowkit.sources._datasets import table_rows as dataset_rows
-from windowkit.sources._grouping import group_by_series, read_within
+from windowkit.sources._interleaved import read_within, rows_by_series
 from windowkit.sources._pins import check_regular
 from windowkit.sources._row_locator import RowLocator
 from windowkit.sources._series_runs import NotInOrderError, SeriesRuns
@@ -346,5 +346,5 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
     assert options.series_col is not None  # only grouping is ever out of order
     log.info("%s: rows of each series are not together; grouping them in memory (%.0f MiB)",
              name, table.nbytes / 2**20)
-    grouped, origin = group_by_series(table, options.series_col, _BATCH_ROWS)
+    grouped, origin = rows_by_series(table, options.series_col, _BATCH_ROWS)
     return _stage(grouped, stager(origin), name)

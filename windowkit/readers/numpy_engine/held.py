@@ -296,7 +296,7 @@ class UniformBatches:
         self.batch_size = batch_size
         self.order = UniformOrder(plan.runs, seed=seed, shard=shard)
         self.norm: Normalizer | None = plan.store.normalizer() if normalize else None
-        self._columns = fields.horizon_columns(plan.store.target_index)
+        self._columns = fields.horizon_columns(plan.store.target_positions)
 
     @property
     def num_windows(self) -> int:
@@ -313,7 +313,7 @@ class UniformBatches:
         starts, series = self.order.starts(key, lo, hi)
         x, horizon = self.held.windows(starts, self._columns)
         return self.fields.assemble(x, horizon, series if self.fields.series else None,
-                                   targets=self.plan.store.target_index, norm=self.norm)
+                                   targets=self.plan.store.target_positions, norm=self.norm)
 
 
 def uniform_source(plan: ReadPlan, *, batch_size: int, seed: int, normalize: bool,

@@ -82,7 +82,7 @@ def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int
         plan.store.path / "data", plan.store.data, plan.store.reader_setup())
     lookup = BlockWindows(plan.runs, reader.piece_first_row, reader.piece_rows)
     cut = window_cutter(plan.spec, plan.store.normalizer() if normalize else None,
-                        plan.store.target_index, fields)
+                        plan.store.target_positions, fields)
     row_offset = tf.constant(plan.runs.row_offset, tf.int64)
     piece_first = tf.constant(reader.piece_first_row, tf.int64)
 

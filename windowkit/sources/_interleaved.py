@@ -1,5 +1,6 @@
 """Tables whose series interleave (a log of several sensors in time order):
-read into memory within a budget, and their rows grouped by series."""
+read into memory within a budget, and their rows collected series by series (the
+word "group" is kept for block groups, the shuffle's unit)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def read_within(batches: Iterable[pa.RecordBatch], needed: list[str] | None, bud
     return pa.Table.from_batches(kept)
 
 
-def group_by_series(table: pa.Table, series_col: str, batch_rows: int
+def rows_by_series(table: pa.Table, series_col: str, batch_rows: int
                     ) -> tuple[Iterator[pa.RecordBatch], np.ndarray]:
-    """The table's rows grouped by series (series in order of first appearance,
+    """The table's rows series by series (series in order of first appearance,
     each series' rows in table order), as record batches taken one at a time
     (one copy of the table, not two), and each grouped row's table row."""
     keys = table.column(series_col).combine_chunks()
