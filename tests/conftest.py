@@ -3,7 +3,7 @@ one format that concept tests run on.
 
 Two kinds of tests: *format contracts* (tests/format_contract.py, ``FormatTests``)
 pin down how a format writes, reads and verifies bytes and run once per format
-(tests/test_format_<name>.py); *concept tests* (splits, tables, forecasting,
+(tests/formats/test_format_<name>.py); *concept tests* (splits, tables, forecasting,
 shuffling, sharding, ...) run on ``concept_format`` only, unless a test exercises
 something that differs per format (then it takes ``fmt`` and says why)."""
 

@@ -6,7 +6,7 @@ against the NumPy oracle through random access and both readers (tf.data and
 Keras), every dtype and step shape bit for bit, compression options, the
 stores' files and manifest, parallel conversion, resuming, ``verify`` and the
 detection of damaged, tampered, swapped or replaced files, and stores on S3.
-Each format is a small subclass in ``tests/test_format_<name>.py`` naming its
+Each format is a small subclass in ``tests/formats/test_format_<name>.py`` naming its
 ``format_name`` (plus what only that format promises); a new format passes the
 contract by adding such a file.
 

@@ -203,7 +203,7 @@ def datasets(draw: st.DrawFn) -> tuple[list[np.ndarray], wk.WindowSpec, int]:
     step = draw(STEP_SHAPES)
     spec = wk.WindowSpec(length=draw(st.integers(1, 6)), stride=draw(st.integers(1, 3)),
                          sampling_rate=draw(st.integers(1, 3)), horizon=draw(st.integers(0, 3)))
-    # at least one series holds a window (else convert refuses: tests/test_bad_input.py)
+    # at least one series holds a window (else convert refuses: tests/sources/test_bad_input.py)
     lengths = draw(st.lists(st.integers(1, 50), min_size=0, max_size=3))
     lengths.insert(draw(st.integers(0, len(lengths))), draw(st.integers(spec.span, 50)))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))

@@ -1,6 +1,6 @@
 """The hostile-store contract: what every format does with a store it did not
 write as it is. ``HostileStoreTests`` holds the tests of a store changed after
-conversion, run for every format (each tests/test_format_<name>.py subclass
+conversion, run for every format (each tests/formats/test_format_<name>.py subclass
 inherits it beside ``FormatTests``); a new format passes them by subclassing
 (and adding its entries to the per-format tables here: ``BLOCK_ROWS``,
 ``_rewrite_block`` and the file names the block checks change).

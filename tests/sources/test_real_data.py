@@ -20,7 +20,7 @@ import windowkit as wk
 from tests.conftest import assert_windows_equal, oracle_windows, oracle_windows_within
 from windowkit.cli import main
 
-REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "real"
 
 
 def _convert(tmp_path: Path, fmt: str, source: str, *options: str) -> wk.Store:

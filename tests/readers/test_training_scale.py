@@ -17,7 +17,7 @@ import windowkit as wk
 from tests.conftest import collect_epoch
 from tests.helpers import sorted_rows, tagged_series
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Tests of windowkit.cli: the commands."""

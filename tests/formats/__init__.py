@@ -1,0 +1,1 @@
+"""Tests of windowkit.formats: each format against the contract, and hostile stores."""

@@ -1,0 +1,1 @@
+"""Tests of windowkit.readers: both engines, both front ends, shuffling and sharding."""

@@ -1,0 +1,1 @@
+"""Tests of windowkit.sources: arrays, tables and what a source may hold."""
