@@ -169,8 +169,8 @@ class Manifest(Strict):
         if any(d < 1 for d in self.step_shape) or items > MAX_STEP_ITEMS:
             raise ValueError(f"step_shape {list(self.step_shape)} must hold 1..{MAX_STEP_ITEMS} "
                              "values per row")
-        row_bytes = np.dtype(self.dtype).itemsize * items
-        span = (self.window.length + self.window.horizon - 1) * self.window.sampling_rate + 1
+        row_bytes = self.layout.row_bytes
+        span = self.spec.span
         if span > MAX_SPAN:
             raise ValueError(f"a window spans {span} rows; at most {MAX_SPAN} are supported")
         if (self.block_rows + span) * row_bytes > MAX_BLOCK_BYTES:

@@ -187,8 +187,7 @@ class Store:
     @cached_property
     def layout(self) -> RowLayout:
         """The stored rows: dtype, step shape, count and storage blocks."""
-        m = self.manifest
-        return RowLayout(self.dtype, self.step_shape, m.total_rows, m.block_rows)
+        return self.manifest.layout
 
     @cached_property
     def access(self) -> StoreAccess:

@@ -9,7 +9,6 @@ block pool that cuts windows from decoded blocks.
 """
 
 from windowkit.permutation import index_shuffle
-from windowkit.readers.numpy_engine.held import default_memory_budget
 from windowkit.readers.numpy_engine.order import (
     EpochOrder,
     WindowOrder,
@@ -23,6 +22,7 @@ from windowkit.readers.options import (
     ShuffleOptions,
     check_budget,
     check_shuffle,
+    default_memory_budget,
 )
 from windowkit.readers.plan import ReadPlan, StoreAccess
 

@@ -78,14 +78,11 @@ class WindowPyDataset(keras.utils.PyDataset):
                          max_queue_size=check_int("max_queue_size", max_queue_size, 1))
         batch, order = batch or BatchOptions(), order or ShuffleOptions()
         self.plan = plan
-        self.batch_size = batch.batch_size
-        self.shuffle = order.shuffle
-        self.seed = order.seed
-        self.drop_remainder = batch.drop_remainder
-        self.normalize = normalize = batch.normalize
+        self.batch, self.order = batch, order
+        self.batch_size = batch.batch_size  # Keras' own name for it
+        normalize = batch.normalize
         self.fields = plan.store.fields(batch.return_series)
         self.choice = order.choose(plan)
-        self.spill_dir = order.spill_dir
         if normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self._epoch = 0
@@ -122,9 +119,9 @@ class WindowPyDataset(keras.utils.PyDataset):
         with self._lock:
             if self._uniform is None:
                 self._uniform = uniform_source(
-                    self.plan, batch_size=self.batch_size, seed=self.seed,
-                    normalize=self.normalize, memory_budget=self.choice.memory_budget,
-                    fields=self.fields, spill_dir=self.spill_dir)
+                    self.plan, batch_size=self.batch_size, seed=self.order.seed,
+                    normalize=self.batch.normalize, memory_budget=self.choice.memory_budget,
+                    fields=self.fields, spill_dir=self.order.spill_dir)
             return self._uniform
 
     def _process_local(self) -> _Local:
@@ -135,10 +132,10 @@ class WindowPyDataset(keras.utils.PyDataset):
                 plan = self.plan
                 gather = plan.store.window_gather(self.choice.cache_bytes)
                 order = WindowOrder(
-                    plan.runs, shuffle=self.choice.mode == "blocks", seed=self.seed,
+                    plan.runs, shuffle=self.choice.mode == "blocks", seed=self.order.seed,
                     block_rows=gather.pool.block_rows, total_rows=plan.layout.total_rows,
                     blocks_per_group=gather.blocks_per_group)
-                norm = plan.store.normalizer() if self.normalize else None
+                norm = plan.store.normalizer() if self.batch.normalize else None
                 self._local = _Local(gather, order, norm)
             return self._local
 
@@ -177,7 +174,7 @@ class WindowPyDataset(keras.utils.PyDataset):
 
     @property
     def batches_per_epoch(self) -> int:
-        return num_batches(self.plan.num_windows, self.batch_size, self.drop_remainder)
+        return num_batches(self.plan.num_windows, self.batch_size, self.batch.drop_remainder)
 
     @property
     def num_windows(self) -> int:
@@ -231,7 +228,7 @@ class WindowPyDataset(keras.utils.PyDataset):
     def __repr__(self) -> str:
         plan = self.plan
         return (f"<windowkit.WindowPyDataset {str(plan.store.path)!r} split={plan.split!r} "
-                f"batches={len(self)} batch_size={self.batch_size} shuffle={self.shuffle} "
+                f"batches={len(self)} batch_size={self.batch_size} shuffle={self.order.shuffle} "
                 f"epoch={self._epoch}>")
 
 

@@ -19,14 +19,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import psutil
 
 from windowkit.errors import InvalidSpecError, check_bool, check_int
-from windowkit.readers.numpy_engine.held import default_memory_budget
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
 
 SHUFFLES = (True, False, "global", "blocks")
+BUDGET_SHARE = 4  # the default memory budget: a quarter of the available memory ...
+BUDGET_CAP = 16 << 30  # ... at most this
+BUDGET_FLOOR = 256 << 20  # ... at least this
+
+
+def default_memory_budget() -> int:
+    """Bytes of rows a reader may hold when not told: a quarter of the memory
+    available now, between 256 MiB and 16 GiB."""
+    available = int(psutil.virtual_memory().available)
+    return int(min(BUDGET_CAP, max(BUDGET_FLOOR, available // BUDGET_SHARE)))
 
 
 def check_shuffle(shuffle: object) -> bool | str:
@@ -87,24 +97,22 @@ def choose_shuffle(plan: ReadPlan, shuffle: bool | str, *, memory_budget: int | 
     ``plan`` is a shard), a uniform shuffle deals out one permutation."""
     from windowkit.readers.tfdata_engine.groups import GROUP_SHARE
 
+    shuffle = check_shuffle(shuffle)
     budget = default_memory_budget() if memory_budget is None else memory_budget
     groups = budget if cache_bytes is None else cache_bytes
     sharded = plan.shard != (0, 1) if sharded is None else sharded
     rows = plan.rows_bytes()
-    whole = not sharded and rows * GROUP_SHARE <= budget
+    experts = cache_bytes is not None or shuffle_blocks is not None  # they size groups
     if shuffle is False:
         mode = "ordered"
-    elif shuffle == "global":
-        mode = "whole" if whole else "uniform"
-    elif shuffle == "blocks":
+    elif shuffle == "blocks" or (shuffle is True and experts):
         mode = "blocks"
-    elif shuffle is True:
-        if cache_bytes is not None or shuffle_blocks is not None:
-            mode = "blocks"
-        else:
-            mode = "whole" if whole else "uniform" if rows <= budget else "blocks"
+    elif not sharded and rows * GROUP_SHARE <= budget:
+        mode = "whole"
+    elif shuffle == "global" or rows <= budget:
+        mode = "uniform"
     else:
-        raise InvalidSpecError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
+        mode = "blocks"
     return ShuffleChoice(mode, budget, groups)
 
 

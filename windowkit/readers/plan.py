@@ -15,15 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError, StoreError, check_int
+from windowkit.errors import InvalidSpecError, StoreError
 from windowkit.formats import RowReader, StorageFormat, get_format
 from windowkit.formats.base import ReaderSetup
 from windowkit.guard import StoreGuard
 from windowkit.index import WindowRuns
 from windowkit.layout import RowLayout
 from windowkit.readers.numpy_engine.fields import BatchFields
-from windowkit.readers.numpy_engine.order import block_first_positions
+from windowkit.readers.numpy_engine.order import block_first_positions, dealt_share
 from windowkit.readers.numpy_engine.pool import DEFAULT_CACHE_BYTES, WindowGather
+from windowkit.readers.options import ShardOptions
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -109,10 +110,7 @@ class ReadPlan:
     @property
     def num_windows(self) -> int:
         """The windows an epoch of this plan (this shard) holds."""
-        if not self.dealt:
-            return self.runs.total
-        index, count = self.shard
-        return max(0, -(-(self.runs.total - index) // count))
+        return dealt_share(self.runs.total, self.shard) if self.dealt else self.runs.total
 
     def windows_per_block(self) -> np.ndarray:
         """How many of the plan's windows start in each storage block."""
@@ -126,14 +124,10 @@ class ReadPlan:
         return blocks * (self.layout.block_rows + self.spec.span - 1) * self.layout.row_bytes
 
     def _check_shard(self, num_shards: int, shard_index: int) -> tuple[int, int]:
-        num_shards = check_int("num_shards", num_shards, 1)
-        shard_index = check_int("shard_index", shard_index, 0)
-        if shard_index >= num_shards:
-            raise InvalidSpecError(f"shard_index must be in 0..{num_shards - 1}, got "
-                                   f"{shard_index}")
+        shard = ShardOptions.checked(num_shards, shard_index)
         if self.shard != (0, 1):
             raise InvalidSpecError("this plan is already a shard; shard the whole split")
-        return num_shards, shard_index
+        return shard.num_shards, shard.shard_index
 
     def dealt_shard(self, num_shards: int, shard_index: int) -> ReadPlan:
         """Shard ``shard_index`` of ``num_shards`` of a uniform shuffle: every

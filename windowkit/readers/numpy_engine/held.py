@@ -40,6 +40,7 @@ from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
 from windowkit.permutation import GOLDEN, KeyedPermutations, mix
 from windowkit.readers.numpy_engine.fields import BatchFields
+from windowkit.readers.numpy_engine.order import dealt_share
 from windowkit.readers.plan import ReadPlan
 from windowkit.stats import Normalizer
 from windowkit.windows import cut_from_views, window_views
@@ -54,16 +55,6 @@ FAULT_AROUND = 64 << 10  # what the kernel maps around a page fault (its default
 #: mapped pages of a spill are dropped from the process once about this much may
 #: be mapped (they stay in the page cache), so that its resident memory stays bounded
 RELEASE_BYTES = 64 << 20
-BUDGET_SHARE = 4  # the default memory budget: a quarter of the available memory ...
-BUDGET_CAP = 16 << 30  # ... at most this
-BUDGET_FLOOR = 256 << 20  # ... at least this
-
-
-def default_memory_budget() -> int:
-    """Bytes of rows a reader may hold when not told: a quarter of the memory
-    available now, between 256 MiB and 16 GiB."""
-    available = int(psutil.virtual_memory().available)
-    return int(min(BUDGET_CAP, max(BUDGET_FLOOR, available // BUDGET_SHARE)))
 
 
 def spill_directory(spill_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -131,31 +122,32 @@ class HeldRows:
 
     def __init__(self, plan: ReadPlan, *, memory_budget: int,
                  spill_dir: str | os.PathLike[str] | None = None) -> None:
-        layout = HeldPlacement.of(plan)
+        placement = HeldPlacement.of(plan)
         self.block_rows = plan.layout.block_rows
-        self.block_base = layout.block_base
-        self.nbytes = layout.total_rows * plan.layout.row_bytes
+        self.block_base = placement.block_base
+        self.nbytes = placement.total_rows * plan.layout.row_bytes
         self.spilled = self.nbytes > memory_budget
         self._file: IO[bytes] | None = None
         self._map: mmap.mmap | None = None
         self._gathered = 0
         self._lock = threading.Lock()
-        shape = (layout.total_rows, *plan.layout.step_shape)
+        shape = (placement.total_rows, *plan.layout.step_shape)
         if self.spilled:
             self._file = file = _spill_file(plan, self.nbytes, spill_dir)
-            _load(plan, layout, lambda base, part: _write_small(file, part))
+            _load(plan, placement, lambda base, part: _write_small(file, part))
             file.flush()
             self._map = mmap.mmap(file.fileno(), max(1, self.nbytes), prot=mmap.PROT_READ)
             self._map.madvise(mmap.MADV_RANDOM)  # no read-around: a window is a small read
             rows = np.frombuffer(self._map, dtype=plan.layout.dtype,
-                                 count=layout.total_rows * _cells(plan)).reshape(shape)
+                                 count=placement.total_rows * plan.layout.cells
+                                 ).reshape(shape)
         else:
             rows = np.empty(shape, dtype=plan.layout.dtype)
 
             def put(base: int, part: np.ndarray) -> None:
                 rows[base:base + len(part)] = part
 
-            _load(plan, layout, put)
+            _load(plan, placement, put)
         self.rows = rows
         self._views = window_views(rows, plan.spec)
 
@@ -200,10 +192,6 @@ def _write_small(file: IO[bytes], rows: np.ndarray) -> None:
         file.write(data[at:at + WRITE_PIECE])
 
 
-def _cells(plan: ReadPlan) -> int:
-    return int(np.prod(plan.layout.step_shape, dtype=np.int64))
-
-
 def _spill_file(plan: ReadPlan, nbytes: int, spill_dir: str | os.PathLike[str] | None
                 ) -> IO[bytes]:
     """A new private file for ``nbytes`` of rows: unlinked at once (no path
@@ -219,9 +207,9 @@ def _spill_file(plan: ReadPlan, nbytes: int, spill_dir: str | os.PathLike[str] |
     return tempfile.TemporaryFile(dir=directory, prefix="windowkit-spill-")
 
 
-def _load(plan: ReadPlan, layout: HeldPlacement,
+def _load(plan: ReadPlan, placement: HeldPlacement,
           put: Callable[[int, np.ndarray], object]) -> None:
-    """Read every load of ``layout`` in order (the next one read while this one
+    """Read every load of ``placement`` in order (the next one read while this one
     is put), record where each block landed, and hand ``put(base, rows)`` the
     rows (C-contiguous)."""
     from windowkit.readers.numpy_engine.loader import GroupLoader
@@ -232,12 +220,12 @@ def _load(plan: ReadPlan, layout: HeldPlacement,
         return loader(load[0])
 
     with ThreadPoolExecutor(1, thread_name_prefix="windowkit-hold") as pool:
-        pending = _ahead(pool, read, layout.loads)
-        for (blocks, base, rows_count), (rows, offsets) in zip(layout.loads, pending,
+        pending = _ahead(pool, read, placement.loads)
+        for (blocks, base, rows_count), (rows, offsets) in zip(placement.loads, pending,
                                                                 strict=True):
             if len(rows) != rows_count:
                 raise AssertionError(f"load of {len(rows)} rows, expected {rows_count}")
-            layout.block_base[blocks] = base + offsets
+            placement.block_base[blocks] = base + offsets
             put(base, np.ascontiguousarray(rows))
 
 
@@ -260,8 +248,7 @@ class UniformOrder:
         self.runs = runs
         self.seed = seed
         self.shard_index, self.num_shards = shard
-        total = runs.total
-        self.total = max(0, -(-(total - self.shard_index) // self.num_shards))
+        self.total = dealt_share(runs.total, shard)
         self._cached: tuple[int, KeyedPermutations] | None = None
 
     def epoch_key(self, epoch: int) -> int:

@@ -27,6 +27,13 @@ def num_batches(num_windows: int, batch_size: int, drop_remainder: bool) -> int:
     return num_windows // batch_size if drop_remainder else -(-num_windows // batch_size)
 
 
+def dealt_share(total: int, shard: tuple[int, int]) -> int:
+    """Windows of ``total`` that shard ``(index, count)`` is dealt: epoch
+    positions ``index, index + count, ...``."""
+    index, count = shard
+    return max(0, -(-(total - index) // count))
+
+
 def block_first_positions(runs: WindowRuns, *, block_rows: int, num_blocks: int) -> np.ndarray:
     """Index position of the first window starting in each block, plus the total
     (``[num_blocks + 1]``): block ``b`` holds positions ``out[b]:out[b + 1]``."""
