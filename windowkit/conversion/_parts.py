@@ -71,7 +71,7 @@ def plan_parts(layout: DataLayout, series: SeriesLayout, *, part_bytes: int,
                parts: int | None) -> list[PartTask]:
     """Cut the global rows into parts of whole blocks: ``parts`` of them, or as
     many as needed for about ``part_bytes`` each, spread evenly."""
-    num_blocks = -(-layout.rows.total_rows // layout.rows.block_rows)
+    num_blocks = layout.rows.num_blocks
     if parts is None:
         block_bytes = layout.rows.block_rows * layout.rows.row_bytes
         parts = -(-num_blocks * block_bytes // max(1, part_bytes))

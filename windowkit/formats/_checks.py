@@ -96,8 +96,8 @@ class BlockDigester:
         full, head = _seeds(self._base, block)
         self._block = block
         self._full, self._head = xxhash.xxh3_64(seed=full), xxhash.xxh3_64(seed=head)
-        rows = min(self._layout.rows.block_rows,
-                   self._layout.rows.total_rows - block * self._layout.rows.block_rows)
+        start, stop = self._layout.rows.block_range(block)
+        rows = stop - start
         self._head_left = min(self._halo, rows)
 
     def _close(self) -> None:
@@ -200,7 +200,7 @@ class CheckedReader(RowReader):
     def table(self) -> np.ndarray:
         """``[blocks, 2]`` uint64: each block's whole-block and head digests."""
         if self._table is None:
-            blocks = -(-self._setup.rows.total_rows // self.block_rows)
+            blocks = self._setup.rows.num_blocks
             blob = read_file(self._path, 16 * blocks)
             self._setup.check_store()  # after the read: the digests were this store's
             if len(blob) != 16 * blocks:
