@@ -288,3 +288,23 @@ def noinline(function: Callable[..., Any], specs: Sequence[Any]) -> Any:
     return tf.function(function, autograph=False,
                        input_signature=[tf.TensorSpec(shape, dtype) for dtype, shape in specs],
                        experimental_attributes={"_noinline": True})
+
+
+def plain_call(function: Any, *args: Any) -> list[Any]:
+    """Call a (not inlined) TensorFlow function without TensorFlow's graph
+    optimizer (grappler): ``tf.data`` instantiates a pipeline's functions
+    again for every iterator, and on these integer- and string-heavy graphs
+    the optimizer's passes cost more each epoch than they save. ``function``:
+    a ``tf.function`` with an input signature (as :func:`noinline` makes)."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    concrete = function.get_concrete_function()
+    outputs = tf.nest.flatten(concrete.structured_outputs)
+    stateful = any(op.op_def.is_stateful for op in concrete.graph.get_operations())
+    call = tf.raw_ops.StatefulPartitionedCall if stateful else tf.raw_ops.PartitionedCall
+    return call(args=[*args, *concrete.captured_inputs],
+                Tout=[t.dtype for t in outputs], f=concrete,
+                config_proto=config.SerializeToString())

@@ -68,7 +68,7 @@ def _records_from(path: tf.Tensor, offset: tf.Tensor, buffer: tf.Tensor) -> tf.d
         def __init__(self) -> None:
             self._name = None
             super().__init__(gen_dataset_ops.tf_record_dataset_v2(
-                tf.reshape(path, [1]), "", buffer, tf.reshape(offset, [1]),
+                path[None], "", buffer, offset[None],
                 metadata=self._metadata.SerializeToString()))
 
         @property

@@ -12,8 +12,12 @@ only part of the next block's head: its rows are checked by their record's
 CRC alone. A mismatch is one windowkit error naming the block.
 
 Inputs are hashed by kind (block or head, of the last block or another: one
-static length each), each kind by one function that is not inlined, and only
-the kinds the plan's blocks can hold are in the graph.
+length each; only the kinds the plan's blocks can hold are in the graph),
+each by the function of its XXH3 length class: not inlined, traced once per
+process, called without TensorFlow's graph optimizer
+(:func:`windowkit.formats.base.plain_call`). ``tf.data`` instantiates a
+pipeline's functions for every iterator (every epoch), at a cost that grows
+with their ops: what runs once per epoch is kept small.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.formats._checks import digest_base
-from windowkit.formats.base import noinline
+from windowkit.formats.base import noinline, plain_call
 from windowkit.readers.tfdata_engine.xxh3 import length_class, xxh3_64
 
 if TYPE_CHECKING:
@@ -39,19 +43,19 @@ Check = Callable[[Any, Callable[[], Any]], Any]
 
 @cache
 def _matcher(kind: str) -> Any:
-    """``match(raw, at, length, seeds, digests)``: whether the ``length`` bytes
-    of ``raw`` from each byte ``at`` hash (with its seed) to its digest; one
-    function per XXH3 length class, not inlined (instantiated where it runs)
-    and traced once."""
+    """``match(units, seeds, digests)``: whether each of ``units`` (strings of
+    one length) hashes, with its seed, to its digest; one function per XXH3
+    length class, not inlined (instantiated where it runs) and traced once.
+    It takes no constant (the length comes from the units): TensorFlow would
+    specialize it for each caller's constants, and instantiate each copy."""
     import tensorflow as tf
 
-    def match(raw: tf.Tensor, at: tf.Tensor, length: tf.Tensor, seeds: tf.Tensor,
-              digests: tf.Tensor) -> tf.Tensor:
-        units = tf.strings.substr(raw, at, tf.fill(tf.shape(at), length))
-        return tf.equal(xxh3_64(units, length, seeds, kind), digests)
+    def match(units: tf.Tensor, seeds: tf.Tensor, digests: tf.Tensor) -> tf.Tensor:
+        length = tf.cast(tf.strings.length(units[:1]), tf.int64)
+        return tf.cond(tf.size(units) > 0, lambda: tf.equal(
+            xxh3_64(units, length[0], seeds, kind), digests), lambda: tf.zeros([0], tf.bool))
 
-    return noinline(match, [(tf.string, []), (tf.int64, [None]), (tf.int64, []),
-                            (tf.uint64, [None]), (tf.uint64, [None])])
+    return noinline(match, [(tf.string, [None]), (tf.uint64, [None]), (tf.uint64, [None])])
 
 
 class GroupDigests:
@@ -85,27 +89,19 @@ class GroupDigests:
                 halos: tf.Tensor) -> tf.Tensor:
         """``rows``, once the blocks in ``raw`` (block ``blocks[i]`` from row
         ``offsets[i]``, then ``halos[i]`` rows of the next block) match their
-        digests. A halo whose next block is in the group is compared with
-        that block's first rows instead (it is checked whole)."""
+        digests."""
         import tensorflow as tf
 
-        rb, size = self._row_bytes, self._block_rows(blocks)
+        size = self._block_rows(blocks)
         head_rows = tf.minimum(tf.constant(self._halo, tf.int64), self._block_rows(blocks + 1))
         has_head = tf.logical_and(blocks < self._last, tf.equal(halos, head_rows))
         if self._halo == 0:
             has_head = tf.zeros_like(has_head)
-        nxt = tf.minimum(tf.searchsorted(blocks, blocks + 1, out_type=tf.int64),
-                         tf.size(blocks, out_type=tf.int64) - 1)  # the next block's place
-        in_group = tf.logical_and(has_head, tf.equal(tf.gather(blocks, nxt), blocks + 1))
-        same = tf.equal(tf.strings.substr(raw, (offsets + size) * rb, head_rows * rb),
-                        tf.strings.substr(raw, tf.gather(offsets, nxt) * rb, head_rows * rb))
-        heads = tf.reshape(tf.where(tf.logical_and(has_head, tf.logical_not(in_group))), [-1])
-        copies = tf.reshape(tf.where(in_group), [-1])
-        block = tf.concat([blocks, tf.gather(blocks + 1, heads), tf.gather(blocks + 1, copies)], 0)
+        heads = tf.reshape(tf.where(has_head), [-1])
+        block = tf.concat([blocks, tf.gather(blocks + 1, heads)], 0)
         start = tf.concat([offsets, tf.gather(offsets + size, heads)], 0)
         head = tf.range(tf.size(block)) >= tf.size(blocks)
-        match = tf.concat([self._matches(raw, block[:tf.size(start)], start,
-                                         head[:tf.size(start)]), tf.gather(same, copies)], 0)
+        match = self._matches(raw, block, start, head)
         check = self._check(tf.reduce_all(match), lambda: self._problem(block, head, match))
         with tf.control_dependencies([check]):
             return tf.identity(rows)
@@ -124,15 +120,19 @@ class GroupDigests:
 
         found = tf.zeros(tf.shape(block), tf.bool)
         is_last = tf.equal(block, self._last)
-        for want_head, want_last, rows in self._kinds:
+        for want_head, want_last, rows in self._kinds:  # in turn: a hash shared by two kinds
+            # is instantiated once, not by both at the same time
             chosen = tf.reshape(tf.where(tf.logical_and(tf.equal(head, want_head),
                                                         tf.equal(is_last, want_last))), [-1])
             at = tf.gather(block, chosen)
             length = rows * self._row_bytes
-            match = _matcher(length_class(length))(
-                raw, tf.gather(start, chosen) * self._row_bytes, length,
-                self._base + 2 * tf.cast(at, tf.uint64) + np.uint64(want_head),
-                tf.gather(self._table[:, int(want_head)], at))
+            with tf.control_dependencies([found]):
+                units = tf.strings.substr(raw, tf.gather(start, chosen) * self._row_bytes,
+                                          tf.fill(tf.shape(chosen), tf.constant(length,
+                                                                                tf.int64)))
+            match = plain_call(_matcher(length_class(length)), units,
+                               self._base + 2 * tf.cast(at, tf.uint64) + np.uint64(want_head),
+                               tf.gather(self._table[:, int(want_head)], at))[0]
             found = tf.tensor_scatter_nd_update(found, chosen[:, None], match)
         return found
 

@@ -4,8 +4,9 @@ store's format can, else through the format's Python row reader.
 - :class:`GraphReads`: TensorFlow's own ops (a local, uncompressed TFRecord
   store: :class:`windowkit.formats.tfrecord_graph.RecordBlocks`): each
   group's records read by ranged ``TFRecordDataset`` reads under a parallel
-  ``interleave`` (a dataset per group, by ``flat_map``), then parsed, checked
-  and decoded, and every block checked against its digest
+  ``interleave`` (a dataset of the group, collected in the pipeline's map
+  function), then parsed, checked and decoded, and every block checked
+  against its digest
   (:class:`windowkit.readers.tfdata_engine.digests.GroupDigests`), with no
   Python per group;
 - :class:`NumpyReads`: one stateless ``numpy_function`` call per group, the
@@ -81,9 +82,11 @@ class GraphReads:
         object storage (ranged reads there are requests: the NumPy path), or
         its rows come from elsewhere than its files (a stand-in's row reader,
         as ``windowkit bench``'s, not the format's checked one)."""
-        storage, rows = plan.store.storage, plan.store.row_reader()
-        if (not isinstance(storage, ReadsInGraph) or is_remote(plan.store.path)
-                or not isinstance(rows, CheckedReader)):
+        storage = plan.store.storage
+        if not isinstance(storage, ReadsInGraph) or is_remote(plan.store.path):
+            return None
+        rows = plan.store.row_reader()
+        if not isinstance(rows, CheckedReader):
             return None
         reader = storage.open_graph_reader(plan.store.path / "data", plan.store.data,
                                            plan.store.reader_setup())

@@ -213,16 +213,6 @@ def _upto240(raw: tf.Tensor, length: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     return tf.where(length <= 128, small, large)
 
 
-def _lanes_at(lanes: tf.Tensor, at: int) -> tf.Tensor:
-    """The 8 little-endian uint64 at byte ``at`` of a secret held as
-    ``[inputs, 24]`` lanes (unaligned: two lanes shifted and joined)."""
-    first, shift = divmod(at, 8)
-    if shift == 0:
-        return lanes[:, first:first + 8]
-    return _xor(_shr(lanes[:, first:first + 8], 8 * shift),
-                _shl(lanes[:, first + 1:first + 9], 64 - 8 * shift))
-
-
 def _stripes(data: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
     """What stripes ``data[..., stripe, 8]`` add to the 8 accumulators, keyed
     by ``keys[..., stripe, 8]``, summed over the stripes (axis -2): each lane
@@ -239,27 +229,33 @@ def _long(raw: tf.Tensor, length: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     scrambled after every KiB, with a secret derived from the seed."""
     import tensorflow as tf
 
+    n = tf.shape(raw)[0]
     lanes = _u64(_LANES)[None] + tf.tile(_signed(seed), [1, 12])  # the seed's secret
+    _, scramble = tf.split(lanes, [16, 8], axis=1)
+    # the secret's 8 lanes at bytes 121 (the last stripe's key) and 11 (the merge's)
+    unaligned = tf.gather(tf.reshape(tf.bitcast(lanes, tf.uint8), [n, 192]),
+                          np.array([121, 11])[:, None] + np.arange(64), axis=1)
+    last_key, merge_key = tf.unstack(tf.bitcast(tf.reshape(unaligned, [n, 2, 8, 8]),
+                                                tf.uint64), axis=1)
     blocks = (length - 1) // _BLOCK
     stripes = ((length - 1) - blocks * _BLOCK) // _STRIPE
     keys = tf.gather(lanes, np.arange(16)[:, None] + np.arange(8), axis=1)  # [n, 16, 8]
-    body = tf.bitcast(tf.reshape(raw[:, :(blocks * 16 + stripes) * _STRIPE], [
-        tf.shape(raw)[0], -1, 8, 8]), tf.uint64)  # [n, stripes, 8]
-    full = tf.reshape(body[:, :blocks * 16], [tf.shape(raw)[0], -1, 16, 8])
-    added = tf.transpose(_stripes(full, keys[:, None]), [1, 0, 2])  # [blocks, n, 8]
+    body = tf.bitcast(tf.reshape(raw[:, :(blocks * 16 + stripes) * _STRIPE], [n, -1, 8, 8]),
+                      tf.uint64)  # [n, stripes, 8]
+    full, tail = tf.split(body, tf.stack([blocks * 16, stripes]), axis=1)
+    added = tf.transpose(_stripes(tf.reshape(full, [n, -1, 16, 8]), keys[:, None]), [1, 0, 2])
 
     def scrambled(k: tf.Tensor, acc: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         acc = acc + added[k]
-        return k + 1, _xor(acc, _shr(acc, 47), lanes[:, 16:]) * _u64(PRIME32_1)
+        return k + 1, _xor(acc, _shr(acc, 47), scramble) * _u64(PRIME32_1)
 
-    acc = tf.tile(_u64(np.array(_INIT_ACC, dtype=np.uint64))[None], [tf.shape(raw)[0], 1])
+    acc = tf.tile(_u64(np.array(_INIT_ACC, dtype=np.uint64))[None], [n, 1])
     _, acc = tf.while_loop(lambda k, _: k < blocks, scrambled, (tf.constant(0, tf.int64), acc))
-    acc = acc + _stripes(body[:, blocks * 16:], keys[:, :stripes])
-    last = _words(raw, length - _STRIPE + 8 * np.arange(8))
-    acc = acc + _stripes(last[:, None], _lanes_at(lanes, 192 - _STRIPE - 7)[:, None])
-    pairs = tf.reshape(_xor(acc, _lanes_at(lanes, 11)), [-1, 4, 2])
-    merged = tf.reduce_sum(_fold(pairs[:, :, 0], pairs[:, :, 1]), 1)
-    return _avalanche(_u64(PRIME64_1) * tf.cast(length, tf.uint64) + merged)
+    last = _words(raw, length - _STRIPE + 8 * np.arange(8))  # the last 64 bytes
+    acc = acc + _stripes(tf.concat([tail, last[:, None]], 1),
+                         tf.concat([keys[:, :stripes], last_key[:, None]], 1))
+    a, b = tf.unstack(tf.reshape(_xor(acc, merge_key), [n, 4, 2]), axis=2)
+    return _avalanche(_u64(PRIME64_1) * tf.cast(length, tf.uint64) + tf.reduce_sum(_fold(a, b), 1))
 
 
 #: The rule of each length class: up to 16 bytes, up to 240, longer.
