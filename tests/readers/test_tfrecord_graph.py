@@ -3,7 +3,8 @@ path of a local, uncompressed store): no Python in its graph and a parallel
 ``interleave`` of ranged TFRecord reads; the very batches of the NumPy path
 (``graph_reads=False``) and the oracle's windows in every shuffle mode,
 sharded, normalized, as dict batches; a checkpoint resumed mid-epoch; a
-damaged record refused; XXH3 (the block digests) computed in the graph as
+damaged record refused, a rewritten block (valid CRCs) refused by its
+digest, also hashed a block at a time; XXH3 (the block digests) computed in the graph as
 ``xxhash`` computes it."""
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ import xxhash
 
 import windowkit as wk
 import windowkit.readers.tf as tf_reader
+import windowkit.readers.tfdata_engine.digests as digests
 from tests.conftest import oracle_windows, window_keys
 from windowkit.errors import carried_error
+from windowkit.formats.tfrecord_io import (
+    decode_example,
+    encode_example,
+    frame_record,
+    unframe_record,
+)
 from windowkit.readers.tfdata_engine.xxh3 import length_class, xxh3_64
 
 SPEC = wk.WindowSpec(6, stride=2, horizon=3)
@@ -141,6 +149,34 @@ def test_a_damaged_record_is_an_error_not_other_windows(store: wk.Store,
     error = carried_error(caught.value)
     assert isinstance(error, wk.StoreError), caught.value
     assert f"{part}: record 3 at byte {records['offset'][3]}: fails its CRC check" in str(error)
+
+
+@pytest.mark.parametrize("hashed_bytes", [digests.HASHED_BYTES, 1], ids=["group", "one-block"])
+def test_a_rewritten_block_is_refused_by_its_digest(store: wk.Store, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    hashed_bytes: int) -> None:
+    """A record of block 2 given other rows, its CRCs made right: only the
+    digest tells. Hashed as one piece, and a block at a time (the pieces a
+    large group is hashed in): the same batches, the same refusal."""
+    monkeypatch.setattr(digests, "HASHED_BYTES", hashed_bytes)
+    _assert_same(_epoch(_dataset(store, shuffle=True, seed=1)),
+                 _epoch(_dataset(store, numpy_path=True, shuffle=True, seed=1)))
+    copy = Path(shutil.copytree(store.path, tmp_path / "s"))
+    records = pq.read_table(copy / "data" / "records.parquet").to_pydict()
+    first = records["global_row"].index(2 * 48)
+    part = copy / store.manifest.data["shards"][records["shard"][first]]["path"]
+    blob = bytearray(part.read_bytes())
+    at, length = records["offset"][first], records["bytes"][first]
+    ints, data = decode_example(unframe_record(bytes(blob[at:at + length]), gzip=False))
+    rows = np.frombuffer(data["data"], dtype="<f4").reshape(-1, 4)[::-1].copy()
+    blob[at:at + length] = frame_record(encode_example(ints, {"data": rows.tobytes()}),
+                                        gzip=False)
+    part.write_bytes(bytes(blob))
+    with pytest.raises(tf.errors.OpError) as caught:
+        _epoch(_dataset(wk.open_store(copy), shuffle=True))
+    error = carried_error(caught.value)
+    assert isinstance(error, wk.StoreError), caught.value
+    assert "block 2 (rows 96..144): its decoded rows do not match the digest" in str(error)
 
 
 def test_xxh3_in_the_graph_is_xxhashs() -> None:

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 #: ``(ok, message)`` -> an op raising the store's error when ``ok`` is false.
 Check = Callable[[Any, Callable[[], Any]], Any]
 
+HASHED_BYTES = 16 << 20  # bytes of blocks hashed at a time
+
 
 @cache
 def _matcher(kind: str) -> Any:
@@ -56,6 +58,32 @@ def _matcher(kind: str) -> Any:
             xxh3_64(units, length[0], seeds, kind), digests), lambda: tf.zeros([0], tf.bool))
 
     return noinline(match, [(tf.string, [None]), (tf.uint64, [None]), (tf.uint64, [None])])
+
+
+def _matched(raw: tf.Tensor, at: tf.Tensor, length: int, seeds: tf.Tensor,
+             digests: tf.Tensor) -> tf.Tensor:
+    """Whether the ``length`` bytes of ``raw`` from each byte ``at`` hash (with
+    its seed) to its digest: hashed ``HASHED_BYTES`` at a time, two pieces at
+    once, so that hashing a group holds a few pieces' temporaries, not
+    several copies of the group."""
+    import tensorflow as tf
+
+    per = max(1, HASHED_BYTES // length)  # units a piece
+    count = tf.size(at)
+    match = _matcher(length_class(length))
+
+    def piece(i: tf.Tensor, done: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        lo, hi = i * per, tf.minimum(count, (i + 1) * per)
+        units = tf.strings.substr(raw, at[lo:hi], tf.fill([hi - lo], tf.constant(length,
+                                                                                  tf.int64)))
+        return i + 1, tf.concat([done, plain_call(match, units, seeds[lo:hi],
+                                                  digests[lo:hi])[0]], 0)
+
+    _, done = tf.while_loop(lambda i, _: i * per < count, piece,
+                            (tf.constant(0), tf.zeros([0], tf.bool)),
+                            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])),
+                            parallel_iterations=2)
+    return done
 
 
 class GroupDigests:
@@ -125,14 +153,11 @@ class GroupDigests:
             chosen = tf.reshape(tf.where(tf.logical_and(tf.equal(head, want_head),
                                                         tf.equal(is_last, want_last))), [-1])
             at = tf.gather(block, chosen)
-            length = rows * self._row_bytes
             with tf.control_dependencies([found]):
-                units = tf.strings.substr(raw, tf.gather(start, chosen) * self._row_bytes,
-                                          tf.fill(tf.shape(chosen), tf.constant(length,
-                                                                                tf.int64)))
-            match = plain_call(_matcher(length_class(length)), units,
-                               self._base + 2 * tf.cast(at, tf.uint64) + np.uint64(want_head),
-                               tf.gather(self._table[:, int(want_head)], at))[0]
+                match = _matched(raw, tf.gather(start, chosen) * self._row_bytes,
+                                 rows * self._row_bytes,
+                                 self._base + 2 * tf.cast(at, tf.uint64) + np.uint64(want_head),
+                                 tf.gather(self._table[:, int(want_head)], at))
             found = tf.tensor_scatter_nd_update(found, chosen[:, None], match)
         return found
 
