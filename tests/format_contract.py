@@ -30,7 +30,6 @@ from typing import Any, ClassVar
 import fsspec
 import numpy as np
 import pytest
-import tensorflow as tf
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -47,6 +46,7 @@ from tests.helpers import (
     datasets,
     dtype_series,
     file_tree,
+    graph_ops,
     interrupted_convert,
     leftovers,
     normalized,
@@ -170,15 +170,6 @@ _TAMPERING = {
 def _replace(store: wk.Store, sources: list[Path], fmt: str) -> None:
     wk.convert([np.load(p) * 2 for p in sources], store.path, format=fmt, window=SPEC,
                block_rows=128, parts=6, overwrite=True)
-
-
-def _graph_ops(ds: tf.data.Dataset) -> set[str]:
-    graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(ds._as_serialized_graph().numpy())
-    ops = {node.op for node in graph.node}
-    for function in graph.library.function:
-        ops |= {node.op for node in function.node_def}
-    return ops
 
 
 class FormatTests:
@@ -341,7 +332,7 @@ class FormatTests:
         store = wk.convert(random_series([500, 300]), tmp_path / "s", format=fmt,
                            window=wk.WindowSpec(8, horizon=1), block_rows=64, parts=2)
         for shuffle in ("blocks", True):
-            ops = _graph_ops(store.tf_dataset("train", 32, shuffle=shuffle, normalize=True))
+            ops = graph_ops(store.tf_dataset("train", 32, shuffle=shuffle, normalize=True))
             assert not {op for op in ops if "Generator" in op}
             assert {"RandomDatasetV2", "GatherV2"} <= ops
             if shuffle == "blocks":

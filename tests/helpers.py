@@ -234,3 +234,16 @@ def check_normalized(got: tuple[np.ndarray, np.ndarray | None],
         if expected_part is not None:
             assert part is not None and part.dtype == want
             np.testing.assert_allclose(part, expected_part, rtol=1e-6)
+
+
+# -- tf.data graphs --------------------------------------------------------------------------
+def graph_ops(ds: Any) -> set[str]:
+    """Every op type in a ``tf.data.Dataset``'s graph, its functions' included."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops |= {node.op for node in function.node_def}
+    return ops

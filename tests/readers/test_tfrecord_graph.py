@@ -24,6 +24,7 @@ import windowkit as wk
 import windowkit.readers.tf as tf_reader
 import windowkit.readers.tfdata_engine.digests as digests
 from tests.conftest import oracle_windows, window_keys
+from tests.helpers import graph_ops
 from windowkit.errors import carried_error
 from windowkit.formats.tfrecord_io import (
     decode_example,
@@ -69,15 +70,6 @@ def _epoch(ds: tf.data.Dataset) -> list[list[np.ndarray]]:
     return [[t.numpy() for t in tf.nest.flatten(batch)] for batch in ds]
 
 
-def _graph_ops(ds: tf.data.Dataset) -> set[str]:
-    graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(ds._as_serialized_graph().numpy())
-    ops = {node.op for node in graph.node}
-    for function in graph.library.function:
-        ops |= {node.op for node in function.node_def}
-    return ops
-
-
 def _assert_same(got: list[list[np.ndarray]], want: list[list[np.ndarray]]) -> None:
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
@@ -88,12 +80,12 @@ def _assert_same(got: list[list[np.ndarray]], want: list[list[np.ndarray]]) -> N
 
 def test_the_graph_holds_no_python_and_reads_in_parallel(store: wk.Store,
                                                          tmp_path: Path) -> None:
-    ops = _graph_ops(_dataset(store, shuffle="blocks"))
+    ops = graph_ops(_dataset(store, shuffle="blocks"))
     assert not ops & PYTHON_OPS, ops & PYTHON_OPS
     assert {"ParallelInterleaveDatasetV4", "TFRecordDatasetV2", "ParseExampleV2"} <= ops
     gzip = wk.convert(_series()[:2], tmp_path / "gz", format="tfrecord", window=SPEC,
                       block_rows=48, compression="gzip")  # a part inflates from its start
-    assert "PyFuncStateless" in _graph_ops(gzip.tf_dataset("train", 32, shuffle="blocks"))
+    assert "PyFuncStateless" in graph_ops(gzip.tf_dataset("train", 32, shuffle="blocks"))
 
 
 @pytest.mark.parametrize("options", [
