@@ -274,6 +274,23 @@ class WindowRuns:
                           count=(k_hi - k_lo).astype(np.int64), stride=self.stride,
                           row_offset=self.row_offset)
 
+    def select_positions(self, lo: int, hi: int) -> WindowRuns:
+        """The windows at index positions ``[lo, hi)``, as runs in index order."""
+        if not 0 <= lo <= hi <= self.total:
+            raise IndexError(f"positions [{lo}, {hi}) out of range for {self.total} windows")
+        cumulative = self.cumulative
+        first_run = int(np.searchsorted(cumulative, lo, side="right")) - 1
+        last_run = int(np.searchsorted(cumulative, hi, side="left"))  # exclusive
+        if lo == hi:
+            first_run, last_run = 0, 0
+        run = np.arange(first_run, last_run, dtype=np.int64)
+        k_lo = np.maximum(lo - cumulative[run], 0)
+        k_hi = np.minimum(hi - cumulative[run], self.count[run])
+        return WindowRuns(series=self.series[run],
+                          first=(self.first[run] + k_lo * self.stride).astype(np.int64),
+                          count=(k_hi - k_lo).astype(np.int64), stride=self.stride,
+                          row_offset=self.row_offset)
+
     def runs_per_block(self, block_first: np.ndarray, block_rows: np.ndarray) -> BlockRuns:
         """The windows whose start lies in each block of rows, as runs.
 

@@ -8,9 +8,9 @@ random order), takes them ``group`` at a time, and permutes the windows of a
 group together, with a key of the group's own. Orders are pure functions of
 ``(seed, epoch)``: nothing is drawn from a stateful generator.
 
-The same order is computed in NumPy (the Keras reader,
-:class:`windowkit.readers.EpochOrder`) and in the graph (the ``tf.data``
-readers, :meth:`Sampler.tf_epoch_blocks`); the two are tested equal. Keras
+The same order is computed in NumPy (:class:`windowkit.readers.EpochOrder`)
+and in the graph (the ``tf.data`` readers, :meth:`Sampler.tf_epoch_blocks`);
+the two are tested equal. Keras
 permutes a group's windows with a keyed permutation
 (:mod:`windowkit.permutation`), ``tf.data`` with ``stateless_shuffle`` seeded
 by the group's key. Either way a window's batch-mates come from the ``group``
@@ -29,6 +29,28 @@ from windowkit.permutation import GOLDEN, mix, tf_mix
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+
+def epoch_key(seed: int, epoch: int) -> np.uint64:
+    """The key of epoch ``epoch`` under ``seed``: what orders its blocks and
+    keys its groups, in every reader."""
+    if epoch < 0:
+        raise InvalidSpecError(f"epoch must be >= 0, got {epoch}")
+    return np.uint64(mix(np.array([seed * GOLDEN % 2**64], dtype=np.uint64)
+                         ^ np.uint64(epoch))[0])
+
+
+def group_keys(key: np.uint64, num_groups: int) -> np.ndarray:
+    """One uint64 key per group of the epoch keyed ``key``: what permutes its windows."""
+    groups = np.arange(1, num_groups + 1, dtype=np.uint64)
+    return mix(np.uint64(key) + np.uint64(GOLDEN) * groups)
+
+
+def uniform_key(seed: int, epoch: int) -> int:
+    """The key of epoch ``epoch``'s uniform permutation of a split: that of
+    the first group of a sampler with one group of every block, so a uniform
+    shuffle and one group of every block are the same order."""
+    return int(group_keys(epoch_key(seed, epoch), 1)[0])
 
 
 class Sampler:
@@ -54,10 +76,7 @@ class Sampler:
 
     def epoch_key(self, epoch: int) -> np.uint64:
         """The key of epoch ``epoch``: what orders its blocks and keys its groups."""
-        if epoch < 0:
-            raise InvalidSpecError(f"epoch must be >= 0, got {epoch}")
-        return np.uint64(mix(np.array([self.seed * GOLDEN % 2**64], dtype=np.uint64)
-                             ^ np.uint64(epoch))[0])
+        return epoch_key(self.seed, epoch)
 
     def block_order(self, epoch: int, *, key: np.uint64 | None = None) -> np.ndarray:
         """The blocks in the order epoch ``epoch`` (or the epoch keyed ``key``)
@@ -72,9 +91,8 @@ class Sampler:
     def group_keys(self, epoch: int, *, key: np.uint64 | None = None) -> np.ndarray:
         """One uint64 key per group of epoch ``epoch`` (or the epoch keyed ``key``):
         what permutes its windows."""
-        key = self.epoch_key(epoch) if key is None else np.uint64(key)
-        groups = np.arange(1, self.num_groups + 1, dtype=np.uint64)
-        return mix(key + np.uint64(GOLDEN) * groups)
+        return group_keys(self.epoch_key(epoch) if key is None else np.uint64(key),
+                          self.num_groups)
 
     def groups(self, epoch: int, *, key: np.uint64 | None = None
                ) -> Iterator[tuple[np.ndarray, np.uint64]]:
@@ -87,15 +105,15 @@ class Sampler:
 
     # The same order in the graph, for the tf.data readers.
 
-    def tf_epoch_keys(self) -> tf.data.Dataset:
-        """One uint64 epoch key each time the dataset is iterated: a new epoch
-        each iteration, the sequence fixed by the seed."""
+    def tf_epoch_key(self, epoch: tf.Tensor) -> tf.Tensor:
+        """:meth:`epoch_key` in the graph: the uint64 key of epoch ``epoch``
+        (an int64 scalar tensor)."""
         import tensorflow as tf
 
         if not self.shuffle:
-            return tf.data.Dataset.from_tensors(tf.constant(0, tf.uint64))
-        draws = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True)
-        return draws.take(1).map(lambda r: tf_mix(tf.bitcast(r, tf.uint64)))
+            return tf.constant(0, tf.uint64)
+        seed = tf.constant(self.seed * GOLDEN % 2**64, tf.uint64)
+        return tf_mix(tf.bitwise.bitwise_xor(seed, tf.cast(epoch, tf.uint64)))
 
     def tf_epoch(self, key: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """The epoch keyed ``key`` (uint64 scalar) in the graph, as :meth:`groups`
@@ -117,11 +135,13 @@ class Sampler:
         keys = tf_mix(key + golden * tf.cast(group + 1, tf.uint64))
         return blocks, tf.bitcast(keys, tf.int64)
 
-    def tf_epoch_blocks(self) -> tf.data.Dataset:
-        """One epoch's blocks, ``(block, group_key)`` one at a time, in visiting
-        order: each iteration of the dataset is a new epoch. Batch it by
-        :attr:`group` to get the groups."""
-        return self.tf_epoch_keys().map(self.tf_epoch).unbatch()
+    def tf_epoch_blocks(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        """Epoch ``epoch``'s blocks, ``(block, group_key)`` one at a time, in
+        visiting order. Batch it by :attr:`group` to get the groups."""
+        import tensorflow as tf
+
+        key = tf.data.Dataset.from_tensors(self.tf_epoch_key(epoch))
+        return key.map(self.tf_epoch).unbatch()
 
 
 def blocks_per_group(num_blocks: int, *, fits: int, copies: int) -> int:

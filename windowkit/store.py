@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import (
+    check_int,
     InvalidSpecError,
     StoreReplacedError,
 )
@@ -242,17 +243,10 @@ class Store:
                               targets=self.target_positions,
                               norm=self.access.normalizer() if normalize else None)
 
-    def _reader_plan(self, split: str, shard: ShardOptions, order: ShuffleOptions
-                     ) -> ReadPlan:
-        """The plan of ``split``, or of one shard: its share of each epoch's
-        uniform permutation when the reader shuffles uniformly, else its own
-        storage blocks."""
-        plan = self.read_plan(split)
-        if shard.whole:
-            return plan
-        if order.choose(plan, sharded=True).uniform:
-            return plan.dealt_shard(shard.num_shards, shard.shard_index)
-        return plan.sharded(shard.num_shards, shard.shard_index)
+    def _reader_plan(self, split: str, shard: ShardOptions) -> ReadPlan:
+        """The plan of ``split``, or of one shard of it: a contiguous piece of
+        the split's index, within one window of every other shard's."""
+        return self.read_plan(split).shard_of(shard.num_shards, shard.shard_index)
 
     def tf_dataset(self, split: str = "train", batch_size: int = 256, *,
                    shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
@@ -261,13 +255,15 @@ class Store:
                    num_shards: int | None = None, shard_index: int | None = None,
                    input_context: Any = None, device: str | None = None,
                    service: str | None = None, return_series: bool = False,
-                   shuffle_blocks: int | None = None, cache_bytes: int | None = None
-                   ) -> tf.data.Dataset:
+                   shuffle_blocks: int | None = None, cache_bytes: int | None = None,
+                   epoch: int = 0) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of batches of windows: ``x``, or ``(x, y)`` with a horizon.
 
         Every window of the split comes once per epoch; each iteration of the
-        dataset is a new epoch, the sequence of epochs fixed by ``seed``. An
-        iterator saves and restores with ``tf.train.Checkpoint``. With
+        dataset read to its end moves on to the next epoch (the first is
+        ``epoch``), each epoch's order fixed by ``seed`` and the epoch, as in
+        every other reader. An iterator saves and restores with
+        ``tf.train.Checkpoint`` (its epoch too). With
         known-future or static columns in the store, or ``return_series``,
         ``x`` is a dict ``{"inputs", "future_known", "static", "series"}``
         (the keys configured).
@@ -289,8 +285,10 @@ class Store:
             private, unlinked file (default ``$WINDOWKIT_SPILL_DIR``, else the
             temporary directory).
         :param num_shards: read one shard of ``num_shards`` (with ``shard_index``):
-            uniform: every ``num_shards``-th window of each epoch's permutation;
-            block groups: disjoint runs of storage blocks.
+            a contiguous piece of the split's index, within one window of every
+            other shard's, in the whole split's order of the epoch; every shard
+            yields as many batches (one short shard repeats its last window, or
+            with ``drop_remainder`` one long shard leaves its last one out).
         :param shard_index: which shard, ``0 .. num_shards - 1``.
         :param input_context: a ``tf.distribute.InputContext``: picks the shard
             and turns the global ``batch_size`` into the replica's.
@@ -302,6 +300,8 @@ class Store:
         :param shuffle_blocks: experts: blocks per group (implies block groups).
         :param cache_bytes: experts: bytes of blocks a block group holds
             (implies block groups).
+        :param epoch: the epoch the first iteration reads (to go on from a
+            known epoch, as ``set_epoch`` does for PyTorch).
         """
         batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
                                      normalize=normalize, return_series=return_series)
@@ -315,10 +315,11 @@ class Store:
                     input_context.get_per_replica_batch_size(batch.batch_size)))
             except ValueError as exc:  # not divisible by the replicas
                 raise InvalidSpecError(f"batch_size: {exc}") from None
-        plan = self._reader_plan(split, shard, order)
+        plan = self._reader_plan(split, shard)
         from windowkit.readers.tf import tf_dataset
 
-        return tf_dataset(plan, batch, order, device=device, service=service)
+        return tf_dataset(plan, batch, order, device=device, service=service,
+                          epoch=check_int("epoch", epoch, 0))
 
     def keras_dataset(self, split: str = "train", batch_size: int = 256, *,
                       shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
@@ -355,7 +356,7 @@ class Store:
                                      normalize=normalize, return_series=return_series)
         order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
                                        spill_dir=spill_dir, cache_bytes=cache_bytes)
-        plan = self._reader_plan(split, ShardOptions.checked(num_shards, shard_index), order)
+        plan = self._reader_plan(split, ShardOptions.checked(num_shards, shard_index))
         return WindowPyDataset(plan, batch, order, workers=workers,
                                use_multiprocessing=use_multiprocessing,
                                max_queue_size=max_queue_size)
@@ -382,8 +383,11 @@ class Store:
         :param rank: this process's shard, ``0 .. world_size - 1`` (default:
             ``torch.distributed``'s rank when it is initialized, else 0).
         :param world_size: how many shards (default: ``torch.distributed``'s
-            world size when it is initialized, else 1). Each rank reads its own
-            storage blocks and yields the same number of batches.
+            world size when it is initialized, else 1). Each rank owns a
+            contiguous piece of the split (as ``num_shards`` does) and yields the
+            same number of batches; the dataset's items are every rank's batches,
+            interleaved, for a ``DistributedSampler(ds, shuffle=False)`` (which
+            Lightning and Accelerate add by default) to split.
         :param return_series: add each window's series id to ``x``.
         :param memory_budget: as for :meth:`tf_dataset` (per process).
         :param spill_dir: as for :meth:`tf_dataset`.
@@ -397,13 +401,9 @@ class Store:
         order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
                                        spill_dir=spill_dir, cache_bytes=cache_bytes)
         rank, world_size = distributed_shard(rank, world_size)
-        plan = self.read_plan(split)
-        per_rank = plan.num_windows
-        if world_size > 1:  # every rank as many windows as the largest shard
-            per_rank = max(plan.sharded(world_size, r).num_windows for r in range(world_size))
-            plan = plan.sharded(world_size, rank)
-        batches = EpochBatches(plan, batch, order, windows_per_epoch=per_rank)
-        return WindowTorchDataset(batches, rank=rank, world_size=world_size)
+        plan = self.read_plan(split).shard_of(world_size, rank)
+        return WindowTorchDataset(EpochBatches(plan, batch, order), rank=rank,
+                                  world_size=world_size)
 
     def grain_source(self, split: str = "train", *, normalize: bool = False,
                      return_series: bool = False, memory_budget: int | None = None,

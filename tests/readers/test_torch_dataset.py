@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import ConcatDataset, DataLoader  # noqa: E402
+from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler  # noqa: E402
 
 import windowkit as wk  # noqa: E402
 from tests.conftest import assert_windows_equal, oracle_windows, window_keys  # noqa: E402
@@ -74,6 +74,7 @@ def test_two_forked_workers_yield_the_same_batches(store: wk.Store) -> None:
     ds = store.torch_dataset("train", 32, seed=1)
     ds.set_epoch(2)
     alone = [_xy(b) for b in _loader(ds)]
+    ds.set_epoch(2)
     forked = [_xy(b) for b in _loader(ds, 2, "fork")]
     assert len(alone) == len(forked) == len(ds)
     for (ax, ay), (fx, fy) in zip(alone, forked, strict=True):
@@ -92,6 +93,8 @@ def test_spawned_workers_read_every_format(tmp_path: Path, series: list[np.ndarr
         for ds in sets:
             ds.set_epoch(epoch)
         alone = [_xy(b) for ds in sets for b in _loader(ds)]
+        for ds in sets:
+            ds.set_epoch(epoch)
         spawned = [_xy(b) for b in loader]
         assert len(spawned) == len(alone)
         for (ax, ay), (sx, sy) in zip(alone, spawned, strict=True):
@@ -124,12 +127,27 @@ def test_ranks_are_disjoint_balanced_and_cover_the_split(store: wk.Store,
     ranks = [store.torch_dataset("train", 16, shuffle=shuffle, rank=r, world_size=2)
              for r in range(2)]
     assert len(ranks[0]) == len(ranks[1])  # every rank steps together
-    epochs = [_epoch(_loader(ds)) for ds in ranks]
+    epochs = [_epoch(_loader(ds, sampler=ds.sampler())) for ds in ranks]
+    # a plain DistributedSampler that keeps the order splits the same way
+    plain = [_epoch(_loader(ds, sampler=DistributedSampler(ds, 2, r, shuffle=False)))
+             for r, ds in enumerate(ranks)]
+    assert [sorted(window_keys(*e)) for e in plain] == [sorted(window_keys(*e)) for e in epochs]
     keys = [set(window_keys(*e)) for e in epochs]
     want = set(window_keys(*oracle_windows(series, SPEC)))
     assert not keys[0] & keys[1] and keys[0] | keys[1] == want
-    # each rank's epoch is its own shard, padded with its own windows to the larger share
+    # each rank's epoch is its own shard, padded with its own last window to the larger share
     assert len(epochs[0][0]) == len(epochs[1][0]) == max(len(k) for k in keys)
+    assert max(len(k) for k in keys) - min(len(k) for k in keys) <= 1
+
+
+def test_a_loader_not_split_by_rank_is_one_line(store: wk.Store) -> None:
+    """Every rank reading every item (no sampler, or a shuffling one) stops at
+    the first item of another rank, naming the sampler to pass."""
+    ds = store.torch_dataset("train", 16, rank=0, world_size=2)
+    with pytest.raises(wk.InvalidSpecError, match=r"not split by rank.*dataset\.sampler\(\)"):
+        list(_loader(ds))
+    with pytest.raises(wk.InvalidSpecError, match="a batch of rank 1"):
+        ds[1]
 
 
 def test_a_rank_reads_only_its_own_blocks(store: wk.Store) -> None:
@@ -228,20 +246,20 @@ _DDP = textwrap.dedent("""
     store_path, init, rank, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     ds = wk.open_store(store_path).torch_dataset("train", 16, seed=5)  # rank from dist
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
+    sampler = torch.utils.data.DistributedSampler(ds, shuffle=False)  # the usual DDP idiom
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, sampler=sampler)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Flatten(),
                                                         torch.nn.Linear(15, 6)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    keys, steps = [], 0
+    keys, steps = [[], []], 0
     for epoch in range(2):
-        ds.set_epoch(epoch)
+        sampler.set_epoch(epoch)  # reaches the sampler only: each pass is a new epoch anyway
         for x, y in loader:
             loss = torch.nn.functional.mse_loss(model(x), y.flatten(1))
             optimizer.zero_grad(); loss.backward(); optimizer.step()
             steps += 1
-            if epoch == 0:
-                keys += [row.tobytes().hex() for row in x.flatten(1).numpy()]
+            keys[epoch] += [row.tobytes().hex() for row in x.flatten(1).numpy()]
     weights = [p.detach().numpy().ravel().tolist() for p in model.parameters()]
     json.dump({"rank": ds.rank, "world": ds.world_size, "keys": keys, "steps": steps,
                "weights": weights}, open(out, "w"))
@@ -270,7 +288,10 @@ def test_distributed_data_parallel_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert ranks[0]["steps"] == ranks[1]["steps"] > 0
     np.testing.assert_allclose(np.concatenate([np.asarray(w) for w in ranks[0]["weights"]]),
                                np.concatenate([np.asarray(w) for w in ranks[1]["weights"]]))
-    keys = [set(r["keys"]) for r in ranks]
     x, _ = oracle_windows(series, SPEC)
     want = {row.tobytes().hex() for row in x.reshape(len(x), -1)}
-    assert not keys[0] & keys[1] and keys[0] | keys[1] == want
+    for epoch in range(2):
+        keys = [set(r["keys"][epoch]) for r in ranks]
+        assert not keys[0] & keys[1] and keys[0] | keys[1] == want
+        assert max(len(r["keys"][epoch]) - len(set(r["keys"][epoch])) for r in ranks) <= 1
+    assert ranks[0]["keys"][0] != ranks[0]["keys"][1]  # a new order each epoch

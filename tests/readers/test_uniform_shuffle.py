@@ -16,6 +16,7 @@ import windowkit as wk
 from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
+from windowkit.readers.shares import ShardShare
 from windowkit.readers.numpy_engine.held import UniformOrder, uniform_source
 from windowkit.readers.options import (
     BUDGET_CAP,
@@ -107,13 +108,12 @@ def test_normalized_dict_batches_match_random_access(
     plan = store.read_plan("train")
     source = uniform_source(plan, batch_size=40, seed=5, normalize=True, memory_budget=TINY,
                             fields=plan.store.fields(True))
-    key = source.order.epoch_key(1)
-    starts, _ = source.order.starts(key, 40, 80)  # batch 1
+    starts, _ = source.order.starts(1, 40, 80)  # batch 1 of epoch 1
     every = plan.runs.global_starts(np.arange(plan.num_windows))  # ascending
     positions = np.searchsorted(every, starts)
     expected_x, expected_y = store.windows("train", positions, normalize=True,
                                            return_series=True)
-    got_x, got_y = source.batch(key, 1)
+    got_x, got_y = source.batch(1, 1)
     assert set(got_x) == {"inputs", "series"}
     np.testing.assert_allclose(got_x["inputs"], expected_x["inputs"], rtol=1e-6)
     np.testing.assert_array_equal(got_x["series"], expected_x["series"])
@@ -148,13 +148,15 @@ def test_true_beyond_budget_is_block_groups(numbered_store: tuple[wk.Store, list
 
 
 @pytest.mark.parametrize("reader", ["tf", "keras"])
-def test_dealt_shards_are_disjoint_uniform_and_cover(
+def test_uniform_shards_own_contiguous_pieces(
         numbered_store: tuple[wk.Store, list[np.ndarray]], reader: str) -> None:
-    """Three shards of a uniform shuffle: disjoint, together every window, and each
-    draws from every series (not a run of blocks)."""
+    """Three shards of a uniform shuffle: disjoint, together every window, within
+    one window of each other in size, each its own contiguous piece of the
+    split's index (so each holds only its own rows), in the whole split's order
+    restricted to that piece."""
     store, series = numbered_store
     expected_x, expected_y = oracle_windows(series, SPEC)
-    xs, ys = [], []
+    xs, ys, firsts = [], [], []
     for index in range(3):
         if reader == "tf":
             x, y = collect_epoch(store.tf_dataset("train", 32, shuffle="global",
@@ -163,13 +165,24 @@ def test_dealt_shards_are_disjoint_uniform_and_cover(
         else:
             x, y = _keras_epoch(store.keras_dataset("train", 32, shuffle="global", seed=2,
                                                     num_shards=3, shard_index=index))
-        first_rows = x[:, 0, 0].astype(np.int64)
-        offsets = np.cumsum([0] + [len(s) for s in series])
-        assert len(np.unique(np.searchsorted(offsets, first_rows, side="right"))) == 4
         xs.append(x)
         ys.append(y)
-    assert_windows_equal(np.concatenate(xs), np.concatenate(ys), expected_x, expected_y,
-                         in_order=False)
+        firsts.append(x[:, 0, 0])
+    assert max(map(len, xs)) == min(map(len, xs))  # padded to the same length
+    whole = collect_epoch(store.tf_dataset("train", 32, shuffle="global", memory_budget=TINY,
+                                           seed=2))[0][:, 0, 0]
+    own = []
+    for first in firsts:
+        mine = np.unique(first)
+        assert len(first) - len(mine) <= 1  # at most one window repeated
+        own.append(mine)
+        # the whole split's order, restricted to this shard's windows
+        np.testing.assert_array_equal(whole[np.isin(whole, mine)], first[:len(mine)])
+    assert sum(map(len, own)) == len(whole)
+    assert max(map(len, own)) - min(map(len, own)) <= 1
+    assert_windows_equal(np.concatenate([x[:len(m)] for x, m in zip(xs, own, strict=True)]),
+                         np.concatenate([y[:len(m)] for y, m in zip(ys, own, strict=True)]),
+                         expected_x, expected_y, in_order=False)
 
 
 def test_keras_resumes_mid_epoch_in_uniform_mode(
@@ -188,20 +201,25 @@ def test_keras_resumes_mid_epoch_in_uniform_mode(
 @settings(max_examples=40, deadline=None)
 @given(total=st.integers(1, 3000), shards=st.integers(1, 7), seed=st.integers(0, 2**31),
        epoch=st.integers(0, 5))
-def test_dealt_order_is_a_permutation(total: int, shards: int, seed: int, epoch: int) -> None:
-    """The shards' epoch positions together are every window exactly once."""
+def test_shard_orders_are_the_split_order_restricted(total: int, shards: int, seed: int,
+                                                     epoch: int) -> None:
+    """The shards' epochs together are every window exactly once, each the whole
+    split's order restricted to the shard's own contiguous piece."""
     shards = min(shards, total)
     runs = WindowRuns(series=np.array([0, 1], dtype=np.int32),
                       first=np.array([0, 1], dtype=np.int64),
                       count=np.array([total // 2, total - total // 2], dtype=np.int64),
                       stride=3, row_offset=np.array([0, 10 * total], dtype=np.int64))
+    whole = UniformOrder(runs, seed=seed).positions(epoch, np.arange(total))
     seen = []
     for index in range(shards):
-        order = UniformOrder(runs, seed=seed, shard=(index, shards))
-        starts, _ = order.starts(order.epoch_key(epoch), 0, order.total)
-        seen.append(starts)
-    every = runs.global_starts(np.arange(total))
-    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.sort(every))
+        share = ShardShare(index, shards, total)
+        order = UniformOrder(runs, seed=seed, share=share)
+        mine = order.positions(epoch, np.arange(share.size))
+        np.testing.assert_array_equal(mine, whole[(whole >= share.lo) & (whole < share.hi)])
+        assert order.total == -(-total // shards)
+        seen.append(mine)
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(total))
 
 
 def test_default_budget_is_bounded() -> None:

@@ -81,8 +81,8 @@ class ShuffleChoice:
 
 
 def choose_shuffle(plan: ReadPlan, shuffle: bool | str, *, memory_budget: int | None = None,
-                   cache_bytes: int | None = None, shuffle_blocks: int | None = None,
-                   sharded: bool | None = None) -> ShuffleChoice:
+                   cache_bytes: int | None = None, shuffle_blocks: int | None = None
+                   ) -> ShuffleChoice:
     """``True``: uniform when the split's rows fit ``memory_budget`` (default:
     :func:`default_memory_budget`), else block groups sized by it;
     ``"global"``: uniform at any size (beyond the budget, spilled to local
@@ -93,21 +93,19 @@ def choose_shuffle(plan: ReadPlan, shuffle: bool | str, *, memory_budget: int | 
     A uniform split whose rows fit the budget ``GROUP_SHARE`` times over
     (read-ahead, decoding, cutting) is read as one group of every block
     (``"whole"``): each epoch the same uniform permutation of its windows, cut
-    in the graph, the fastest way; sharded (``sharded``, default: whether
-    ``plan`` is a shard), a uniform shuffle deals out one permutation."""
+    in the graph, the fastest way. A shard's budget covers its own rows."""
     from windowkit.readers.tfdata_engine.groups import GROUP_SHARE
 
     shuffle = check_shuffle(shuffle)
     budget = default_memory_budget() if memory_budget is None else memory_budget
     groups = budget if cache_bytes is None else cache_bytes
-    sharded = plan.shard != (0, 1) if sharded is None else sharded
     rows = plan.rows_bytes()
     experts = cache_bytes is not None or shuffle_blocks is not None  # they size groups
     if shuffle is False:
         mode = "ordered"
     elif shuffle == "blocks" or (shuffle is True and experts):
         mode = "blocks"
-    elif not sharded and rows * GROUP_SHARE <= budget:
+    elif rows * GROUP_SHARE <= budget:
         mode = "whole"
     elif shuffle == "global" or rows <= budget:
         mode = "uniform"
@@ -163,11 +161,11 @@ class ShuffleOptions:
                    None if shuffle_blocks is None else check_int("shuffle_blocks",
                                                                  shuffle_blocks, 1))
 
-    def choose(self, plan: ReadPlan, *, sharded: bool | None = None) -> ShuffleChoice:
+    def choose(self, plan: ReadPlan) -> ShuffleChoice:
         """How ``plan`` is shuffled with these options (:func:`choose_shuffle`)."""
         return choose_shuffle(plan, self.shuffle, memory_budget=self.memory_budget,
                               cache_bytes=self.cache_bytes,
-                              shuffle_blocks=self.shuffle_blocks, sharded=sharded)
+                              shuffle_blocks=self.shuffle_blocks)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ from windowkit.guard import StoreGuard
 from windowkit.index import WindowRuns
 from windowkit.layout import RowLayout
 from windowkit.readers.numpy_engine.fields import BatchFields
-from windowkit.readers.numpy_engine.order import block_first_positions, dealt_share
+from windowkit.readers.numpy_engine.order import block_first_positions
 from windowkit.readers.numpy_engine.pool import DEFAULT_CACHE_BYTES, WindowGather
 from windowkit.readers.options import ShardOptions
+from windowkit.readers.shares import ShardShare
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -88,16 +89,17 @@ class StoreAccess:
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """One split of a store, as its readers see it: the store, and the split's
-    windows (or, sharded, those of shard ``shard[0]`` of ``shard[1]``: its own
-    storage blocks' windows, or with ``dealt``, its share of each epoch's
-    uniform permutation of all the split's windows)."""
+    """One split of a store, as its readers see it: the store, and the windows
+    the reader reads (``runs``). Sharded (:meth:`shard_of`), ``runs`` are the
+    windows the shard owns, a contiguous piece of the split's index
+    (:class:`ShardShare`), and ``split_runs`` all of the split's windows:
+    each epoch's order is that of the whole split, restricted to the shard."""
 
     store: StoreAccess
     split: str
     runs: WindowRuns
-    shard: tuple[int, int] = (0, 1)
-    dealt: bool = False
+    share: ShardShare | None = None
+    split_runs: WindowRuns | None = None
 
     @property
     def spec(self) -> WindowSpec:
@@ -108,13 +110,39 @@ class ReadPlan:
         return self.store.layout
 
     @property
+    def shard(self) -> tuple[int, int]:
+        """``(shard_index, num_shards)``: ``(0, 1)`` for the whole split."""
+        share = self.shard_share
+        return share.index, share.count
+
+    @property
+    def shard_share(self) -> ShardShare:
+        """Which windows of the split this plan owns (all of them unless sharded)."""
+        return self.share if self.share is not None else ShardShare(0, 1, self.runs.total)
+
+    @property
+    def whole_split(self) -> WindowRuns:
+        """Every window of the split (what each epoch's order permutes)."""
+        return self.split_runs if self.split_runs is not None else self.runs
+
+    @property
     def num_windows(self) -> int:
-        """The windows an epoch of this plan (this shard) holds."""
-        return dealt_share(self.runs.total, self.shard) if self.dealt else self.runs.total
+        """The windows this plan owns (the shard's share of the split)."""
+        return self.runs.total
+
+    def windows_per_epoch(self, drop_remainder: bool = False) -> int:
+        """Windows an epoch yields: the plan's own, or sharded, as many as every
+        other shard (see :meth:`ShardShare.windows_per_epoch`)."""
+        return self.shard_share.windows_per_epoch(drop_remainder)
 
     def windows_per_block(self) -> np.ndarray:
         """How many of the plan's windows start in each storage block."""
         return np.diff(block_first_positions(self.runs, block_rows=self.layout.block_rows,
+                                             num_blocks=self.layout.num_blocks))
+
+    def split_windows_per_block(self) -> np.ndarray:
+        """How many of the whole split's windows start in each storage block."""
+        return np.diff(block_first_positions(self.whole_split, block_rows=self.layout.block_rows,
                                              num_blocks=self.layout.num_blocks))
 
     def rows_bytes(self) -> int:
@@ -123,43 +151,18 @@ class ReadPlan:
         blocks = int(np.count_nonzero(self.windows_per_block()))
         return blocks * (self.layout.block_rows + self.spec.span - 1) * self.layout.row_bytes
 
-    def _check_shard(self, num_shards: int, shard_index: int) -> tuple[int, int]:
+    def shard_of(self, num_shards: int, shard_index: int) -> ReadPlan:
+        """Shard ``shard_index`` of ``num_shards``: the windows at a contiguous
+        piece of the split's index, the pieces' sizes within one window of each
+        other, so that a shard reads only its own storage blocks (and at most
+        one boundary block on each side). Any split with at least
+        ``num_shards`` windows can be sharded; fewer is one line."""
         shard = ShardOptions.checked(num_shards, shard_index)
-        if self.shard != (0, 1):
+        if self.share is not None:
             raise InvalidSpecError("this plan is already a shard; shard the whole split")
-        return shard.num_shards, shard.shard_index
-
-    def dealt_shard(self, num_shards: int, shard_index: int) -> ReadPlan:
-        """Shard ``shard_index`` of ``num_shards`` of a uniform shuffle: every
-        ``num_shards``-th position of each epoch's permutation of the whole
-        split, from ``shard_index`` on. Shards are disjoint, cover the split,
-        and each is uniform; each reads any of the split's rows."""
-        num_shards, shard_index = self._check_shard(num_shards, shard_index)
-        if self.runs.total < num_shards:
-            raise InvalidSpecError(
-                f"{self.store.path}: split {self.split!r} has {self.runs.total} windows, too few "
-                f"for {num_shards} shards (shard {shard_index} would hold none)")
-        return replace(self, shard=(shard_index, num_shards), dealt=True)
-
-    def sharded(self, num_shards: int, shard_index: int) -> ReadPlan:
-        """Shard ``shard_index`` of ``num_shards``: the windows of its own storage
-        blocks (a contiguous run of blocks holding, to within one block's windows,
-        an even share), so that a shard reads only its blocks. Shards are disjoint and
-        cover the plan's windows exactly once."""
-        num_shards, shard_index = self._check_shard(num_shards, shard_index)
-        if num_shards == 1:
+        if shard.whole:
             return self
-        counts = self.windows_per_block()
-        total = int(counts.sum())
-        middle = 2 * np.cumsum(counts) - counts  # twice the position of a block's middle
-        owner = np.minimum(middle * num_shards // max(1, 2 * total), num_shards - 1)
-        mine = np.flatnonzero((owner == shard_index) & (counts > 0))
-        if len(mine) == 0:
-            raise InvalidSpecError(
-                f"{self.store.path}: split {self.split!r} has {np.count_nonzero(counts)} storage "
-                f"blocks holding windows, too few for {num_shards} shards (shard "
-                f"{shard_index} would hold none)")
-        block_rows, total_rows = self.layout.block_rows, self.layout.total_rows
-        low = mine * block_rows
-        runs = self.runs.select_rows(low, np.minimum(low + block_rows, total_rows))
-        return replace(self, runs=runs, shard=(shard_index, num_shards))
+        share = ShardShare.of(self.runs.total, shard.num_shards, shard.shard_index,
+                              where=f"{self.store.path}: split {self.split!r}")
+        return replace(self, runs=self.runs.select_positions(share.lo, share.hi), share=share,
+                       split_runs=self.runs)

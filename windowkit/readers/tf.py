@@ -74,9 +74,9 @@ def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
 def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: int,
                         drop_remainder: bool, normalize: bool, fields: BatchFields
                         ) -> tf.data.Dataset:
-    """From ``(rows, starts[, series])`` groups to the reader's batches: cut (and
-    normalize) windows, whole batches across groups (the windows left at a
-    group's end carried into the next one), declare the count, prefetch."""
+    """From one epoch's ``(rows, starts[, series])`` groups to the reader's
+    batches: cut (and normalize) windows, whole batches across groups (the
+    windows left at a group's end carried into the next one)."""
     import tensorflow as tf
 
     from windowkit.readers.tfdata_engine.carry import carried_batches
@@ -84,53 +84,67 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
     norm = plan.store.normalizer() if normalize else None
     cutter = WindowCutter(plan.spec, norm, plan.store.target_positions, fields)
     empty_rows = tf.zeros([plan.spec.span, *plan.layout.step_shape], tf.as_dtype(plan.layout.dtype))
-    ds = carried_batches(groups, cutter, batch_size=batch_size, drop_remainder=drop_remainder,
-                         empty_rows=empty_rows, with_series=fields.series)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(
-        num_batches(plan.num_windows, batch_size, drop_remainder)))
-    return ds.prefetch(PREFETCH_BATCHES)
+    return carried_batches(groups, cutter, batch_size=batch_size,
+                           drop_remainder=drop_remainder, empty_rows=empty_rows,
+                           with_series=fields.series)
 
 
 def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
                device: str | None = None, service: str | None = None,
-               graph_reads: bool = True) -> tf.data.Dataset:
+               graph_reads: bool = True, epoch: int = 0) -> tf.data.Dataset:
     """The split's batches, shuffled as ``order`` says (:func:`choose_shuffle`):
     uniformly (rows held once, batches gathered by random access), or groups of
     blocks in the sampler's order with windows cut in the graph; with
     ``service`` (a tf.data dispatcher's address), read by its workers. A
     batch's ``x`` is a dict of fields with ``return_series`` or known-future
-    columns; ``device`` prefetches batches into that device's memory."""
+    columns; ``device`` prefetches batches into that device's memory. The
+    first iteration reads epoch ``epoch``, each further one the next epoch
+    (:mod:`windowkit.readers.tfdata_engine.epochs`)."""
+    import tensorflow as tf
+
+    from windowkit.readers.tfdata_engine.epochs import EpochCounter, epoched
+
     fields = plan.store.fields(batch.return_series)
     choice = order.choose(plan)
     if service is not None:
         from windowkit.readers.tfdata_engine.service import service_batches
 
-        ds = service_batches(plan, service=service, batch_size=batch.batch_size,
-                             shuffle="global" if order.shuffle == "global"
-                             else choice.mode != "ordered",
-                             seed=order.seed, drop_remainder=batch.drop_remainder,
-                             normalize=batch.normalize, cache_bytes=choice.cache_bytes,
-                             fields=fields)
-    elif choice.uniform:
+        return service_batches(plan, service=service, batch_size=batch.batch_size,
+                               shuffle="global" if order.shuffle == "global"
+                               else choice.mode != "ordered",
+                               seed=order.seed, drop_remainder=batch.drop_remainder,
+                               normalize=batch.normalize, cache_bytes=choice.cache_bytes,
+                               fields=fields)
+    counter = EpochCounter(epoch)
+    per_epoch = plan.windows_per_epoch(batch.drop_remainder)
+    if choice.uniform:
         from windowkit.readers.tfdata_engine.uniform import global_batches
 
         ds = global_batches(plan, batch_size=batch.batch_size, seed=order.seed,
                             drop_remainder=batch.drop_remainder, normalize=batch.normalize,
                             memory_budget=choice.memory_budget, fields=fields,
-                            spill_dir=order.spill_dir)
+                            spill_dir=order.spill_dir, counter=counter)
     else:
         from windowkit.readers.tfdata_engine.groups import block_groups
 
-        groups = block_groups(plan, shuffle=choice.grouped, seed=order.seed,
-                              shuffle_blocks=order.shuffle_blocks,
-                              cache_bytes=choice.cache_bytes, with_series=fields.series,
-                              graph_reads=graph_reads)
-        ds = batches_from_groups(groups, plan, batch_size=batch.batch_size,
-                                 drop_remainder=batch.drop_remainder,
-                                 normalize=batch.normalize, fields=fields)
-    if service is None:
-        ds = ds.with_options(checkpoint_options())
-    return ds if device is None else prefetch_to_device(ds, device)
+        def one_epoch(e: tf.Tensor) -> tf.data.Dataset:
+            groups = block_groups(plan, shuffle=choice.grouped, seed=order.seed,
+                                  shuffle_blocks=order.shuffle_blocks,
+                                  cache_bytes=choice.cache_bytes, with_series=fields.series,
+                                  graph_reads=graph_reads, epoch=e,
+                                  extra_windows=per_epoch - plan.num_windows)
+            return batches_from_groups(groups, plan, batch_size=batch.batch_size,
+                                       drop_remainder=batch.drop_remainder,
+                                       normalize=batch.normalize, fields=fields)
+
+        ds = counter.epochs(one_epoch)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(
+            num_batches(per_epoch, batch.batch_size, batch.drop_remainder)))
+        ds = ds.prefetch(PREFETCH_BATCHES)
+    ds = ds.with_options(checkpoint_options())
+    if device is not None:
+        ds = prefetch_to_device(ds, device)
+    return epoched(ds, counter)
 
 
 def checkpoint_options() -> tf.data.Options:

@@ -6,16 +6,24 @@ gather a batch, no Python per window) and handed over as tensors; it is meant
 for ``DataLoader(dataset, batch_size=None, num_workers=N)``, which then
 neither batches nor collates again.
 
-- **Epochs**: :meth:`WindowTorchDataset.set_epoch` works like
-  ``DistributedSampler.set_epoch``: each epoch has its seeded order, the same
-  in every worker and every rank. The epoch lives in a shared-memory tensor,
-  so workers see a new epoch even with ``persistent_workers=True``.
-- **Ranks**: shard ``rank`` of ``world_size`` (by default those of
-  ``torch.distributed`` when it is initialized) reads its own storage blocks
-  only; shards are disjoint and cover the split. Every rank yields the same
-  number of batches (what ``DistributedDataParallel`` needs): a shard smaller
-  than the largest one wraps around to its own first windows of the epoch
-  (at most one storage block's worth), as ``DistributedSampler`` pads.
+- **Epochs**: each epoch has its seeded order, the same in every worker and
+  every rank. Each pass over the dataset is the next epoch: asking for a batch
+  already read this epoch starts the next one. :meth:`WindowTorchDataset.set_epoch`
+  (as ``DistributedSampler.set_epoch``; Accelerate calls it) sets the epoch
+  explicitly. The epoch lives in shared memory, so workers follow it even with
+  ``persistent_workers=True``.
+- **Ranks**: rank ``rank`` of ``world_size`` (by default those of
+  ``torch.distributed`` when it is initialized) owns a contiguous piece of the
+  split, within one window of every other rank's, and reads only its own
+  storage blocks. Every rank yields the same number of batches (what
+  ``DistributedDataParallel`` needs): a rank one window short repeats its last
+  one, as ``DistributedSampler`` pads. The dataset's items are *every* rank's
+  batches, interleaved (item ``j`` is rank ``j % world_size``'s batch
+  ``j // world_size``), which is what a ``DistributedSampler(ds,
+  shuffle=False)`` hands each rank: the sampler that Lightning and Accelerate
+  add by default, and the one to pass in a plain DDP loop. A rank asked for
+  another rank's batch (a loader not split by rank, or a shuffling sampler)
+  stops with one line saying what to pass.
 - **Workers**: the dataset pickles as its read plan and arguments; each
   worker opens the files itself, on first use, with ``fork`` or ``spawn``.
   Rows held for a uniform shuffle before a ``fork`` are shared with the
@@ -28,7 +36,9 @@ neither batches nor collates again.
 
 from __future__ import annotations
 
+import multiprocessing
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -67,57 +77,166 @@ def as_tensors(batch: Any) -> Any:
 
 
 class WindowTorchDataset(torch.utils.data.Dataset):
-    """Batches of windows of one split (of one rank's shard): ``x``, or
+    """Batches of windows of one split (every rank's, interleaved): ``x``, or
     ``(x, y)`` with a horizon, as tensors. Build it with
     :meth:`windowkit.Store.torch_dataset`."""
 
     def __init__(self, batches: EpochBatches, *, rank: int = 0, world_size: int = 1) -> None:
         self.batches = batches
         self.rank, self.world_size = rank, world_size
-        # shared memory: workers (forked, spawned, persistent) see set_epoch
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        # shared memory, so that workers (forked, spawned, persistent) follow the epoch:
+        # [epoch, set explicitly since the last batch], and which batches this epoch read
+        self._epoch_state = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._read = torch.zeros(max(1, batches.batches_per_epoch),
+                                 dtype=torch.uint8).share_memory_()
+        # a lock workers can share however they start (a spawn context's works for fork too)
+        self._lock = multiprocessing.get_context("spawn").Lock()
         batches.hold()  # held now, so that forked workers share the rows
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if multiprocessing.context.get_spawning_popen() is None:
+            state["_lock"] = None  # pickled for storage, not for a worker: a new lock there
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._lock is None:
+            self._lock = multiprocessing.get_context("spawn").Lock()
 
     @property
     def epoch(self) -> int:
         """The epoch whose order items follow (0 first)."""
-        return int(self._epoch.item())
+        return int(self._epoch_state[0].item())
 
     def set_epoch(self, epoch: int) -> None:
-        """Follow epoch ``epoch``'s order from now on (call it before each epoch,
-        as with ``DistributedSampler``)."""
-        self._epoch.fill_(check_int("epoch", epoch, 0))
+        """Follow epoch ``epoch``'s order from now on (as ``DistributedSampler.set_epoch``)."""
+        epoch = check_int("epoch", epoch, 0)
+        if epoch >= 2**62:
+            raise InvalidSpecError(f"epoch must be below 2**62, got {epoch}")
+        with self._lock:
+            self._epoch_state[0] = epoch
+            self._read.zero_()
+
+    def _epoch_of(self, batch: int) -> int:
+        """The epoch batch ``batch`` (this rank's) is read in: the current one, or
+        the next when the batch was already read in the current one (a new pass)."""
+        with self._lock:
+            if self._read[batch]:
+                self._epoch_state[0] += 1
+                self._read.zero_()
+            self._read[batch] = 1
+            return int(self._epoch_state[0].item())
 
     @property
     def batch_size(self) -> int:
         return self.batches.batch_size
 
     @property
+    def batches_per_rank(self) -> int:
+        """Batches each rank reads an epoch."""
+        return self.batches.batches_per_epoch
+
+    @property
     def num_windows(self) -> int:
-        """Windows an epoch yields (padded to the largest rank's share)."""
+        """Windows an epoch yields on each rank (padded to the largest rank's share)."""
         return self.batches.windows_per_epoch
 
     def __len__(self) -> int:
-        return self.batches.batches_per_epoch
+        """Every rank's batches: ``world_size`` times the batches of one rank."""
+        return self.batches_per_rank * self.world_size
 
-    def __getitem__(self, index: int) -> Any:
-        """Batch ``index`` of the current epoch (negative counts from the end)."""
-        i = operator.index(index)
+    def __getitem__(self, index: int | Sequence[int]) -> Any:
+        """Item ``index``: rank ``index % world_size``'s batch ``index //
+        world_size`` of the current epoch (this rank's only; negative counts
+        from the end). A one-element list of an index works too (batch samplers)."""
+        if isinstance(index, Sequence) and not isinstance(index, str) and len(index) == 1:
+            index = index[0]
+        i = operator.index(index)  # type: ignore[arg-type]
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"batch {index} is out of range for {n} batches")
-        return as_tensors(self.batches.batch_at(self.epoch, i % n))
+        i %= n
+        owner, batch = i % self.world_size, i // self.world_size
+        if owner != self.rank:
+            raise InvalidSpecError(
+                f"rank {self.rank} of {self.world_size} was asked for item {i}, a batch of "
+                f"rank {owner}: this DataLoader is not split by rank; give it "
+                "sampler=dataset.sampler() (plain DDP, Lightning), or hand Accelerate "
+                "DataLoader(dataset, batch_size=1, collate_fn=dataset.collate) to split")
+        return as_tensors(self.batches.batch_at(self._epoch_of(batch), batch))
+
+    def sampler(self) -> WindowSampler:
+        """A ``DistributedSampler`` of this rank's items, in order, whose
+        ``set_epoch`` sets the dataset's epoch: the sampler for a plain DDP loop
+        and for Lightning (which keeps a ``DistributedSampler`` it is given and
+        sets its epoch every epoch)."""
+        return WindowSampler(self)
+
+    @staticmethod
+    def collate(items: list[Any]) -> Any:
+        """For ``DataLoader(ds, batch_size=1, collate_fn=ds.collate)``: the one
+        item (a whole batch) as it is. Accelerate shards such a loader's
+        batches, so it is the loader to hand ``accelerator.prepare``."""
+        if len(items) != 1:
+            raise InvalidSpecError(f"collate takes one item (a whole batch) at a time, got "
+                                   f"{len(items)}: build the loader with batch_size=1")
+        return items[0]
 
     # -- torchdata's Stateful protocol (StatefulDataLoader) ---------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch}
+        """The epoch, and what it was saved for (store, split, order, batches)."""
+        return {"epoch": self.epoch, **self._identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on in the saved epoch; a state saved for another store, split,
+        seed, shuffle, batch size or rank count is one line."""
+        if not isinstance(state, dict) or "epoch" not in state:
+            raise InvalidSpecError("not a windowkit torch dataset state: it has no 'epoch' "
+                                   "(pass what state_dict() returned)")
+        mine = self._identity()
+        for key, value in mine.items():
+            if key in state and state[key] != value:
+                raise InvalidSpecError(
+                    f"the saved position is for {key}={state[key]!r}, this dataset has "
+                    f"{key}={value!r}: build the dataset as it was when the state was saved")
         self.set_epoch(state["epoch"])
+
+    def _identity(self) -> dict[str, Any]:
+        batches = self.batches
+        plan = batches.plan
+        return {"store_id": plan.store.store_id, "split": plan.split,
+                "seed": batches.order.seed, "shuffle": batches.order.shuffle,
+                "batch_size": batches.batch_size,
+                "drop_remainder": batches.batch.drop_remainder,
+                "world_size": self.world_size}
 
     def __repr__(self) -> str:
         plan = self.batches.plan
         return (f"<windowkit.WindowTorchDataset {str(plan.store.path)!r} split={plan.split!r} "
-                f"batches={len(self)} batch_size={self.batch_size} "
+                f"batches={self.batches_per_rank} per rank batch_size={self.batch_size} "
                 f"shuffle={self.batches.order.shuffle} rank={self.rank}/{self.world_size} "
                 f"epoch={self.epoch}>")
+
+
+class WindowSampler(torch.utils.data.DistributedSampler):
+    """This rank's items of a :class:`WindowTorchDataset`, in order (rank
+    ``r`` of ``n``: items ``r, r + n, ...``); ``set_epoch`` sets the
+    dataset's epoch. Being a ``DistributedSampler``, trainers keep it as it is
+    and set its epoch."""
+
+    def __init__(self, dataset: WindowTorchDataset) -> None:
+        super().__init__(dataset, num_replicas=dataset.world_size, rank=dataset.rank,
+                         shuffle=False, drop_last=False)
+        self.windows = dataset
+
+    def __iter__(self) -> Any:
+        data = self.windows
+        return iter(range(data.rank, len(data), data.world_size))
+
+    def __len__(self) -> int:
+        return self.windows.batches_per_rank
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.windows.set_epoch(epoch)

@@ -13,10 +13,10 @@ the split's rows once (:mod:`windowkit.readers.numpy_engine.held`) and cuts a
 batch with one NumPy gather; block groups and index order cut from a cache of
 decoded blocks (:mod:`windowkit.readers.numpy_engine.pool`).
 
-An epoch may be *padded* (``windows_per_epoch`` above the plan's windows):
-epoch positions past the plan's windows wrap around to its first ones, so that
-shards of unequal size yield the same number of batches (what distributed
-training needs: every rank steps together).
+Sharded, an epoch is the whole split's order restricted to the shard's own
+windows (:mod:`windowkit.readers.shares`), padded (its last window repeated)
+or trimmed so that every shard yields the same number of batches (what
+distributed training needs: every rank steps together).
 
 It pickles as its plan and options; each process builds its own block cache
 on first use. Rows held before a ``fork`` are shared with the forked workers.
@@ -36,6 +36,7 @@ from windowkit.readers.numpy_engine.held import UniformBatches, uniform_source
 from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
 from windowkit.readers.numpy_engine.pool import WindowGather
 from windowkit.readers.options import BatchOptions, ShuffleOptions
+from windowkit.readers.shares import ShardSequence
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 Batch = Any  # x, (x, y), or with fields a dict x (windowkit.readers.numpy_engine.fields)
 
 # built per process, never pickled; "_uniform" is kept by forked workers (shared rows)
-_PROCESS_LOCAL = ("_lock", "_pid", "_local", "_current", "_checked_epoch")
+_PROCESS_LOCAL = ("_lock", "_pid", "_local", "_checked_epoch")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class _Local:
     """What one process builds to cut batches from blocks."""
 
     gather: WindowGather
-    order: WindowOrder
+    sequence: ShardSequence  # the plan's epoch positions -> the split's index positions
     normalizer: Normalizer | None
 
 
@@ -60,19 +61,14 @@ class EpochBatches:
     """Every epoch's batches of one plan, by ``(epoch, index)``."""
 
     def __init__(self, plan: ReadPlan, batch: BatchOptions | None = None,
-                 order: ShuffleOptions | None = None, *,
-                 windows_per_epoch: int | None = None) -> None:
+                 order: ShuffleOptions | None = None) -> None:
         self.plan = plan
         self.batch, self.order = batch or BatchOptions(), order or ShuffleOptions()
         self.fields = plan.store.fields(self.batch.return_series)
         self.choice = self.order.choose(plan)
         if self.batch.normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
-        own = plan.num_windows
-        self.windows_per_epoch = own if windows_per_epoch is None else windows_per_epoch
-        if self.windows_per_epoch < own:
-            raise InvalidSpecError(f"windows_per_epoch {windows_per_epoch} is below the "
-                                   f"plan's {own} windows")
+        self.windows_per_epoch = plan.windows_per_epoch(self.batch.drop_remainder)
         self._reset_process_state()
         self._uniform: UniformBatches | None = None
 
@@ -81,7 +77,6 @@ class EpochBatches:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._local: _Local | None = None
-        self._current: tuple[int, EpochOrder] | None = None
         self._checked_epoch: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -126,7 +121,8 @@ class EpochBatches:
                 self._uniform = uniform_source(
                     self.plan, batch_size=self.batch_size, seed=self.order.seed,
                     normalize=self.batch.normalize, memory_budget=self.choice.memory_budget,
-                    fields=self.fields, spill_dir=self.order.spill_dir)
+                    fields=self.fields, spill_dir=self.order.spill_dir,
+                    drop_remainder=self.batch.drop_remainder)
             return self._uniform
 
     def _process_local(self) -> _Local:
@@ -136,11 +132,15 @@ class EpochBatches:
                 plan = self.plan
                 gather = plan.store.window_gather(self.choice.cache_bytes)
                 order = WindowOrder(
-                    plan.runs, shuffle=self.choice.mode == "blocks", seed=self.order.seed,
-                    block_rows=gather.pool.block_rows, total_rows=plan.layout.total_rows,
+                    plan.whole_split, shuffle=self.choice.mode == "blocks",
+                    seed=self.order.seed, block_rows=gather.pool.block_rows,
+                    total_rows=plan.layout.total_rows,
                     blocks_per_group=gather.blocks_per_group)
+                epochs = _EpochCache(order)
+                sequence = ShardSequence(plan.shard_share, epochs.positions,
+                                         ordered=not order.sampler.shuffle)
                 norm = plan.store.normalizer() if self.batch.normalize else None
-                self._local = _Local(gather, order, norm)
+                self._local = _Local(gather, sequence, norm)
             return self._local
 
     def _check_store(self, epoch: int) -> None:
@@ -149,23 +149,15 @@ class EpochBatches:
             self.plan.store.guard.check()
             self._checked_epoch = epoch
 
-    def _epoch_order(self, local: _Local, epoch: int) -> EpochOrder:
-        current = self._current
-        if current is None or current[0] != epoch:
-            current = (epoch, local.order.epoch(epoch))
-            self._current = current
-        return current[1]
-
     # -- batches ---------------------------------------------------------------------
     def positions(self, index: int) -> np.ndarray:
-        """The epoch positions batch ``index`` holds (past the plan's windows,
-        a padded epoch wraps around to its first ones)."""
+        """The epoch positions batch ``index`` holds (past a shard's own windows,
+        a padded epoch repeats its last one)."""
         if not 0 <= index < self.batches_per_epoch:
             raise IndexError(f"batch {index} is out of range for {self.batches_per_epoch} "
                              "batches")
         lo = index * self.batch_size
-        where = np.arange(lo, min(lo + self.batch_size, self.windows_per_epoch), dtype=np.int64)
-        return where % self.plan.num_windows
+        return np.arange(lo, min(lo + self.batch_size, self.windows_per_epoch), dtype=np.int64)
 
     def batch_at(self, epoch: int, index: int) -> Batch:
         """Batch ``index`` (0 first) of epoch ``epoch``."""
@@ -176,12 +168,26 @@ class EpochBatches:
         self._this_process()
         self._check_store(epoch)
         if self.holds_rows:
-            uniform = self._uniform_batches()
-            return uniform.windows_at(uniform.order.epoch_key(epoch), where)
-        local = self._process_local()
-        order, fields = self._epoch_order(local, epoch), self.fields
-        starts, series = order.runs.global_starts_and_series(order.positions_at(where))
+            return self._uniform_batches().windows_at(epoch, where)
+        local, fields = self._process_local(), self.fields
+        starts, series = self.plan.whole_split.global_starts_and_series(
+            local.sequence.positions(epoch, where))
         targets = self.plan.store.target_positions
         x, horizon = local.gather.cut(starts, fields.horizon_columns(targets))
         return fields.assemble(x, horizon, series if fields.series else None,
                                targets=targets, norm=local.normalizer)
+
+
+class _EpochCache:
+    """The split's order of the latest epoch asked for (threads share it)."""
+
+    def __init__(self, order: WindowOrder) -> None:
+        self.order = order
+        self._current: tuple[int, EpochOrder] | None = None
+
+    def positions(self, epoch: int, where: np.ndarray) -> np.ndarray:
+        current = self._current
+        if current is None or current[0] != epoch:
+            current = (epoch, self.order.epoch(epoch))
+            self._current = current
+        return current[1].positions_at(where)

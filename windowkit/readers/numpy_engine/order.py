@@ -3,7 +3,7 @@ positions of a batch hold.
 
 It follows the sampler (:mod:`windowkit.sampler`): blocks holding windows of the
 split, in the epoch's order, ``blocks_per_group`` at a time, the windows of a
-group permuted together with the group's key (reads stay local, so the block
+group (its blocks' windows in index order) permuted together with the group's key (reads stay local, so the block
 cache works); batches run on across group boundaries. Every window appears
 exactly once per epoch. The permutation within a group is a keyed bijection
 (:mod:`windowkit.permutation`), so the windows at any epoch positions are
@@ -25,13 +25,6 @@ from windowkit.sampler import Sampler
 
 def num_batches(num_windows: int, batch_size: int, drop_remainder: bool) -> int:
     return num_windows // batch_size if drop_remainder else -(-num_windows // batch_size)
-
-
-def dealt_share(total: int, shard: tuple[int, int]) -> int:
-    """Windows of ``total`` that shard ``(index, count)`` is dealt: epoch
-    positions ``index, index + count, ...``."""
-    index, count = shard
-    return max(0, -(-(total - index) // count))
 
 
 def block_first_positions(runs: WindowRuns, *, block_rows: int, num_blocks: int) -> np.ndarray:
@@ -58,7 +51,9 @@ class EpochOrder:
         self.shuffle = sampler.shuffle
         if not self.shuffle:
             return
-        self._blocks = sampler.block_order(epoch)
+        order = sampler.block_order(epoch)
+        group = np.arange(len(order)) // sampler.group
+        self._blocks = order[np.lexsort((order, group))]  # each group's blocks ascending
         counts = np.diff(block_first)[self._blocks]
         self._block_first = block_first
         # epoch position of each visited block's (and group's) first window
@@ -67,6 +62,7 @@ class EpochOrder:
         self._group_first = self._slot_first[heads]
         self._shuffles = KeyedPermutations(np.diff(self._group_first),
                                            sampler.group_keys(epoch))
+
     def positions(self, lo: int, hi: int) -> np.ndarray:
         """Index positions (in ``runs``' order) of the windows at epoch positions
         ``[lo, hi)``."""

@@ -4,8 +4,8 @@ read in the graph or through the format's row reader.
 :func:`block_groups` yields *groups of blocks*: ``(rows, starts)``, the rows of
 a group of storage blocks (each followed by the rows its windows reach past
 it) and the positions in ``rows`` of the split's windows that start in them.
-The epoch's groups come from the sampler, computed in the graph (block ids
-only, never data); a group's rows are read ahead of the consumer, one group
+The epoch's groups come from the sampler, computed in the graph for the epoch
+the reader's counter holds (block ids only, never data); a group's rows are read ahead of the consumer, one group
 at a time (:mod:`windowkit.readers.tfdata_engine.reads`: TensorFlow's own ops
 for a local, uncompressed TFRecord store; else one ``numpy_function`` call
 per group, the format's row reader). :class:`BlockWindows` finds the split's
@@ -106,20 +106,23 @@ def expand(counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return owner, items - tf.gather(ends - counts, owner)
 
 
-def epoch_groups(sampler: Sampler) -> tf.data.Dataset:
-    """The sampler's groups of one epoch, ``(blocks, group_key)``, computed in the
-    graph: each iteration of the dataset is a new epoch (keyed from the seed)."""
-    by_group = sampler.tf_epoch_blocks().batch(sampler.group)
-    return by_group.map(lambda blocks, keys: (blocks, keys[0]))
+def epoch_groups(sampler: Sampler, epoch: tf.Tensor) -> tf.data.Dataset:
+    """The sampler's groups of epoch ``epoch``, ``(index, blocks, group_key)``,
+    computed in the graph."""
+    by_group = sampler.tf_epoch_blocks(epoch).batch(sampler.group)
+    return by_group.map(lambda blocks, keys: (blocks, keys[0])).enumerate()
 
 
 def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                  shuffle_blocks: int | None, cache_bytes: int,
-                 with_series: bool = False, graph_reads: bool = True) -> tf.data.Dataset:
-    """Groups of blocks, ``(rows, starts)``, the starts shuffled when asked; with
-    ``with_series``, ``(rows, starts, series)``, each window's series id too.
-    The rows are read in the graph where the store allows, else by one
-    ``numpy_function`` call per group (always with ``graph_reads=False``): see
+                 with_series: bool = False, graph_reads: bool = True,
+                 epoch: tf.Tensor | int = 0, extra_windows: int = 0) -> tf.data.Dataset:
+    """Epoch ``epoch``'s groups of blocks, ``(rows, starts)``, the starts
+    shuffled when asked; with ``with_series``, ``(rows, starts, series)``, each
+    window's series id too. ``extra_windows`` (a shard's padding, +1, or
+    trimming, -1) repeats or leaves out the epoch's last window. The rows are
+    read in the graph where the store allows, else by one ``numpy_function``
+    call per group (always with ``graph_reads=False``): see
     :func:`windowkit.readers.tfdata_engine.reads.group_reads`."""
     import tensorflow as tf
 
@@ -131,23 +134,34 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                           num_blocks=len(useful))
     sampler = Sampler(windows.windows, group=group, shuffle=shuffle, seed=seed)
     reads = group_reads(plan, sampler.blocks, graph_reads=graph_reads)
+    last_group = sampler.num_groups - 1
 
-    def load(blocks: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def fit(index: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        """The last group's windows with the epoch's last one repeated or left out."""
+        if extra_windows == 0:
+            return values
+        changed = (tf.concat([values, values[-1:]], 0) if extra_windows > 0
+                   else values[:-1])
+        return tf.cond(tf.equal(index, last_group), lambda: changed, lambda: values)
+
+    def load(index: tf.Tensor, group_blocks: tuple[tf.Tensor, tf.Tensor]
+             ) -> tuple[tf.Tensor, ...]:
+        blocks, key = group_blocks
         rows, offsets = reads.rows(blocks)
         shuffle_seed = tf.stack([tf.constant(seed, tf.int64), key])
         if not with_series:
             starts = windows.starts(blocks, offsets)
             if shuffle:
                 starts = tf.random.experimental.stateless_shuffle(starts, seed=shuffle_seed)
-            return rows, starts
+            return rows, fit(index, starts)
         starts, series = windows.starts_and_series(blocks, offsets)
         if shuffle:  # one permutation for both
             order = tf.random.experimental.stateless_shuffle(
                 tf.range(tf.size(starts, out_type=tf.int64)), seed=shuffle_seed)
             starts, series = tf.gather(starts, order), tf.gather(series, order)
-        return rows, starts, series
+        return rows, fit(index, starts), fit(index, series)
 
-    ds = epoch_groups(sampler)
+    ds = epoch_groups(sampler, tf.convert_to_tensor(epoch, tf.int64))
     # one group read at a time (bounded memory), ahead of the cuts of the previous one;
     # from object storage several, so that request latency overlaps
     ahead = REMOTE_GROUPS_AHEAD if is_remote(plan.store.path) else 1

@@ -6,8 +6,9 @@ within ``memory_budget``, else spilled to a private file on local disk); each
 batch is one ``numpy_function`` call (:class:`UniformBatches`: a keyed
 permutation, one fancy index, the batch's fields), run in parallel by
 ``map``: the gathers release the interpreter lock. Each iteration of the
-dataset draws a new key from the seed; an iterator's position is a batch
-number, so ``tf.train.Checkpoint`` saves it symbolically.
+dataset reads the next epoch (:mod:`windowkit.readers.tfdata_engine.epochs`),
+whose permutation is the one every reader uses for that epoch; an iterator's
+position is a batch number, so ``tf.train.Checkpoint`` saves it symbolically.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from windowkit.readers.tfdata_engine.epochs import EpochCounter
+
     from windowkit.readers.plan import ReadPlan
 
 CHUNK_BATCHES = 8  # batches gathered by one numpy_function call
@@ -32,20 +35,22 @@ CHUNK_BATCHES = 8  # batches gathered by one numpy_function call
 
 def global_batches(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder: bool,
                    normalize: bool, memory_budget: int, fields: BatchFields,
-                   spill_dir: str | os.PathLike[str] | None = None) -> tf.data.Dataset:
-    """Batches of uniformly shuffled windows, a new permutation each iteration
-    (epoch), the sequence of epochs fixed by ``seed``."""
+                   counter: EpochCounter, spill_dir: str | os.PathLike[str] | None = None
+                   ) -> tf.data.Dataset:
+    """Batches of uniformly shuffled windows, each iteration the epoch
+    ``counter`` holds."""
     source = uniform_source(plan, batch_size=batch_size, seed=seed, normalize=normalize,
-                            memory_budget=memory_budget, fields=fields, spill_dir=spill_dir)
-    return uniform_dataset(source, seed=seed, drop_remainder=drop_remainder)
+                            memory_budget=memory_budget, fields=fields, spill_dir=spill_dir,
+                            drop_remainder=drop_remainder)
+    return uniform_dataset(source, drop_remainder=drop_remainder, counter=counter)
 
 
-def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
+def uniform_dataset(source: UniformBatches, *, drop_remainder: bool, counter: EpochCounter
                     ) -> tf.data.Dataset:
     """``source``'s batches as a ``tf.data.Dataset``: one ``numpy_function``
     call per chunk of ``CHUNK_BATCHES`` batches (a call costs more than
     cutting a batch's windows), chunks in parallel, each sliced into its
-    batches in the graph; each iteration a new key drawn from ``seed``."""
+    batches in the graph; each iteration the epoch ``counter`` holds."""
     import tensorflow as tf
 
     batch_size, total = source.batch_size, source.num_windows
@@ -60,8 +65,8 @@ def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
     batch_shapes = [tf.TensorShape([batch_size if full else None, *shape[1:]])
                     for shape in shapes]
 
-    def cut_chunk(key: Any, lo: Any) -> list[np.ndarray]:  # the chunk's windows, cut
-        part = source.windows(int(key) % 2**64, int(lo), min(int(lo) + chunk, windows))
+    def cut_chunk(epoch: Any, lo: Any) -> list[np.ndarray]:  # the chunk's windows, cut
+        part = source.windows(int(epoch), int(lo), min(int(lo) + chunk, windows))
         return [np.asarray(array) for array in tf.nest.flatten(part)]
 
     def batch_at(flat: tuple[tf.Tensor, ...], lo: tf.Tensor) -> Any:
@@ -70,10 +75,10 @@ def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
             tensor.set_shape(shape)
         return tf.nest.pack_sequence_as(probe, parts)
 
-    def load(lo: tf.Tensor, key: tf.Tensor) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
-        # stateless: a chunk depends only on (key, lo), so symbolic
+    def load(lo: tf.Tensor, epoch: tf.Tensor) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+        # stateless: a chunk depends only on (epoch, lo), so symbolic
         # checkpointing records the position and nothing else
-        flat = tf.numpy_function(cut_chunk, [key, lo], dtypes, stateful=False)
+        flat = tf.numpy_function(cut_chunk, [epoch, lo], dtypes, stateful=False)
         for tensor, shape in zip(flat, shapes, strict=True):
             tensor.set_shape(shape)
         return tf.minimum(tf.constant(chunk, tf.int64), windows - lo), tuple(flat)
@@ -81,12 +86,11 @@ def uniform_dataset(source: UniformBatches, *, seed: int, drop_remainder: bool
     def chunk_batches(size: tf.Tensor, flat: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
         return tf.data.Dataset.range(0, size, batch_size).map(lambda at: batch_at(flat, at))
 
-    def epoch(key: tf.Tensor) -> tf.data.Dataset:
+    def epoch_batches(epoch: tf.Tensor) -> tf.data.Dataset:
         chunks = tf.data.Dataset.range(0, windows, chunk)
-        return chunks.map(lambda lo: load(lo, key), num_parallel_calls=tf.data.AUTOTUNE,
+        return chunks.map(lambda lo: load(lo, epoch), num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True).flat_map(chunk_batches)
 
-    keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
-    ds = keys.flat_map(epoch)
+    ds = counter.epochs(epoch_batches)
     ds = ds.apply(tf.data.experimental.assert_cardinality(batches))
     return ds.prefetch(PREFETCH_BATCHES)

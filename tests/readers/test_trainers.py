@@ -1,0 +1,149 @@
+"""Trainers' defaults over ``Store.torch_dataset``: two real processes on
+127.0.0.1 (gloo, CPU) under PyTorch Lightning (``ddp_spawn`` and ``ddp``, the
+loader built in ``train_dataloader()``, ``use_distributed_sampler`` left on)
+and Hugging Face Accelerate (``accelerator.prepare(dataloader)``): every
+window once per epoch across the ranks, a new order each epoch, ranks step
+together."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("lightning")
+pytest.importorskip("accelerate")
+
+import windowkit as wk  # noqa: E402
+from tests.conftest import oracle_windows  # noqa: E402
+from tests.helpers import numbered_series  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+LENGTHS = [300, 170, 9, 140]
+SPEC = wk.WindowSpec(5, stride=2, horizon=2)
+EPOCHS = 2
+
+_LIGHTNING = textwrap.dedent("""
+    import json, sys
+    import lightning as L, torch
+    import windowkit as wk
+
+    store_path, out, strategy = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(15, 6)
+            self.seen = []
+
+        def train_dataloader(self):  # where Lightning's docs build the loader
+            ds = wk.open_store(store_path).torch_dataset("train", 16, seed=5)
+            return torch.utils.data.DataLoader(ds, batch_size=None, sampler=ds.sampler())
+
+        def training_step(self, batch, index):
+            x, y = batch
+            self.seen.append((self.current_epoch, x.flatten(1).numpy().tolist()))
+            return torch.nn.functional.mse_loss(self.layer(x.flatten(1)), y.flatten(1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def on_train_end(self):
+            with open(f"{out}.{self.global_rank}", "w") as f:
+                json.dump({"rank": self.global_rank, "seen": self.seen}, f)
+
+    if __name__ == "__main__":
+        trainer = L.Trainer(devices=2, accelerator="cpu", strategy=strategy, max_epochs=%d,
+                            logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Model())
+""" % EPOCHS)
+
+_ACCELERATE = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import windowkit as wk
+    from accelerate import Accelerator
+
+    store_path, out, rank = sys.argv[1], sys.argv[2], sys.argv[3]
+    accelerator = Accelerator(cpu=True)
+    ds = wk.open_store(store_path).torch_dataset("train", 16, seed=5)
+    # Accelerate shards a loader's batches, so the loader hands it one batch an item
+    loader = torch.utils.data.DataLoader(ds, batch_size=1, collate_fn=ds.collate)
+    model = torch.nn.Linear(15, 6)
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
+    seen = []
+    for epoch in range(%d):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x.flatten(1)), y.flatten(1))
+            accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
+            seen.append((epoch, x.flatten(1).numpy().tolist()))
+    with open(f"{out}.{accelerator.process_index}", "w") as f:
+        json.dump({"rank": accelerator.process_index, "seen": seen}, f)
+""" % EPOCHS)
+
+
+def _check(store_series: list[np.ndarray], outs: list[Path]) -> None:
+    """Each epoch: ranks disjoint, together every window, at most one window
+    repeated per rank, equal step counts; epochs in different orders."""
+    ranks = [json.loads(p.read_text()) for p in outs]
+    x, _ = oracle_windows(store_series, SPEC)
+    want = {tuple(np.round(row, 4)) for row in x.reshape(len(x), -1).tolist()}
+    orders = []
+    for epoch in range(EPOCHS):
+        per_rank = [[tuple(np.round(row, 4)) for e, batch in r["seen"] if e == epoch
+                     for row in batch] for r in ranks]
+        steps = [sum(1 for e, _ in r["seen"] if e == epoch) for r in ranks]
+        assert steps[0] == steps[1] > 0
+        keys = [set(rows) for rows in per_rank]
+        assert not keys[0] & keys[1], "a window read by both ranks"
+        assert keys[0] | keys[1] == want, "windows missing from the epoch"
+        assert all(len(rows) - len(set(rows)) <= 1 for rows in per_rank)
+        orders.append(per_rank[0])
+    assert orders[0] != orders[1], "epoch 1 repeated epoch 0's order"
+
+
+def _store(tmp_path: Path) -> tuple[wk.Store, list[np.ndarray]]:
+    series = [s.astype(np.float32) for s in numbered_series(LENGTHS, features=3)]
+    return wk.convert(series, tmp_path / "s", format="zarr", window=SPEC), series
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp"])
+def test_lightning_defaults_are_exact(tmp_path: Path, strategy: str) -> None:
+    store, series = _store(tmp_path)
+    script = tmp_path / "fit.py"
+    script.write_text(_LIGHTNING)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29_400 + os.getpid() % 500)}
+    proc = subprocess.run([sys.executable, str(script), str(store.path), str(tmp_path / "out"),
+                           strategy], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check(series, [tmp_path / "out.0", tmp_path / "out.1"])
+
+
+def test_accelerate_prepare_is_exact(tmp_path: Path) -> None:
+    store, series = _store(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(_ACCELERATE)
+    port = str(29_900 + os.getpid() % 500)
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+        procs.append(subprocess.Popen([sys.executable, str(script), str(store.path),
+                                       str(tmp_path / "out"), str(rank)], env=env,
+                                      stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    _check(series, [tmp_path / "out.0", tmp_path / "out.1"])
