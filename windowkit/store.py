@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import (
-    check_int,
     InvalidSpecError,
     StoreReplacedError,
+    check_int,
 )
 from windowkit.formats import RowReader
 from windowkit.guard import StoreGuard

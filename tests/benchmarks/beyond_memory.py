@@ -88,6 +88,7 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
 
     import windowkit as wk
     from windowkit.readers.numpy_engine.held import uniform_source
+    from windowkit.readers.tfdata_engine.epochs import EpochCounter
     from windowkit.readers.tfdata_engine.uniform import uniform_dataset
 
     tf.constant(0)  # the runtime loaded: the baseline includes it
@@ -104,7 +105,7 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
                                 memory_budget=budget, fields=plan.store.fields(False))
         if mode == "spilled, cold":
             source.held.evict()
-        ds = uniform_dataset(source, seed=0, drop_remainder=False)
+        ds = uniform_dataset(source, drop_remainder=False, counter=EpochCounter(0))
     build = time.perf_counter() - start
     firsts, start = [], time.perf_counter()
     for x in ds:

@@ -21,9 +21,9 @@ pytest.importorskip("torch")
 pytest.importorskip("lightning")
 pytest.importorskip("accelerate")
 
-import windowkit as wk  # noqa: E402
-from tests.conftest import oracle_windows  # noqa: E402
-from tests.helpers import numbered_series  # noqa: E402
+import windowkit as wk
+from tests.conftest import oracle_windows
+from tests.helpers import numbered_series
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = [300, 170, 9, 140]
@@ -60,11 +60,11 @@ _LIGHTNING = textwrap.dedent("""
                 json.dump({"rank": self.global_rank, "seen": self.seen}, f)
 
     if __name__ == "__main__":
-        trainer = L.Trainer(devices=2, accelerator="cpu", strategy=strategy, max_epochs=%d,
+        trainer = L.Trainer(devices=2, accelerator="cpu", strategy=strategy, max_epochs=EPOCHS,
                             logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(Model())
-""" % EPOCHS)
+""").replace("EPOCHS", str(EPOCHS))
 
 _ACCELERATE = textwrap.dedent("""
     import json, os, sys
@@ -81,14 +81,14 @@ _ACCELERATE = textwrap.dedent("""
     model, optimizer, loader = accelerator.prepare(
         model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
     seen = []
-    for epoch in range(%d):
+    for epoch in range(EPOCHS):
         for x, y in loader:
             loss = torch.nn.functional.mse_loss(model(x.flatten(1)), y.flatten(1))
             accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
             seen.append((epoch, x.flatten(1).numpy().tolist()))
     with open(f"{out}.{accelerator.process_index}", "w") as f:
         json.dump({"rank": accelerator.process_index, "seen": seen}, f)
-""" % EPOCHS)
+""").replace("EPOCHS", str(EPOCHS))
 
 
 def _check(store_series: list[np.ndarray], outs: list[Path]) -> None:

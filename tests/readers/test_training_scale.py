@@ -90,28 +90,42 @@ def test_shuffle_takes_only_its_documented_values(store: wk.Store, value: object
 # resuming are the same for every format (reading by each format: FormatTests)
 
 
-@pytest.mark.parametrize("shuffle", [True, False, "global"])
+@pytest.mark.parametrize("shuffle", [True, False, "global", "blocks"])
 def test_shards_are_disjoint_cover_the_split_and_are_balanced(store: wk.Store,
                                                               shuffle: bool | str) -> None:
+    """Three shards, tf.data and Keras: the same windows per shard in both,
+    disjoint, covering, their shares within one window of each other, every
+    shard as many windows (a short one repeats its last)."""
     everything = _every_window(store)
-    per_block = store.read_plan("train").windows_per_block()
-    parts = [collect_epoch(store.tf_dataset("train", 16, shuffle=shuffle, seed=3,
-                                            num_shards=3, shard_index=i))[0]
-             for i in range(3)]
-    np.testing.assert_array_equal(sorted_rows(np.concatenate(parts)), sorted_rows(everything))
-    even = len(everything) / 3  # each shard within one block's windows of an even share
-    assert all(abs(len(p) - even) <= per_block.max() for p in parts), [len(p) for p in parts]
-    keras_parts = []
-    for i in range(3):
-        keras = store.keras_dataset("train", 16, shuffle=shuffle, seed=3, num_shards=3,
-                                    shard_index=i)
-        keras_parts.append(np.concatenate([keras[b][0] for b in range(len(keras))]))
-    if shuffle is False:  # block shards: shard i's windows start in its own blocks only
-        for part, keras_part in zip(parts, keras_parts, strict=True):
-            np.testing.assert_array_equal(sorted_rows(keras_part), sorted_rows(part))
-    else:  # uniform (this split fits the budget): each epoch's permutation dealt out
-        np.testing.assert_array_equal(sorted_rows(np.concatenate(keras_parts)),
-                                      sorted_rows(everything))
+    for drop in (False, True):
+        parts = [collect_epoch(store.tf_dataset("train", 16, shuffle=shuffle, seed=3,
+                                                num_shards=3, shard_index=i,
+                                                drop_remainder=drop))[0]
+                 for i in range(3)]
+        keras_parts = []
+        for i in range(3):
+            keras = store.keras_dataset("train", 16, shuffle=shuffle, seed=3, num_shards=3,
+                                        shard_index=i, drop_remainder=drop)
+            keras_parts.append(np.concatenate([keras[b][0] for b in range(len(keras))]))
+        assert len({len(p) for p in parts + keras_parts}) == 1  # every shard steps together
+        own = [np.unique(p.reshape(len(p), -1), axis=0) for p in parts]
+        for part, mine in zip(parts, own, strict=True):
+            assert len(part) - len(mine) <= (0 if drop else 1)
+        for mine, keras_part in zip(own, keras_parts, strict=True):
+            keras_own = np.unique(keras_part.reshape(len(keras_part), -1), axis=0)
+            if not drop:
+                np.testing.assert_array_equal(keras_own, mine)
+            else:  # each leaves out the tail of its own epoch order (< a batch + 1)
+                both = np.concatenate([keras_own, mine])
+                assert len(keras_own) == len(mine)
+                assert len(np.unique(both, axis=0)) <= len(mine) + 16
+        together = np.concatenate(own)
+        assert len(np.unique(together, axis=0)) == len(together)  # disjoint
+        if drop:  # each shard the smallest share, whole batches: < a batch each left out
+            assert len(everything) - len(together) <= 2 + 3 * 15
+        else:
+            np.testing.assert_array_equal(sorted_rows(together.reshape(everything.shape)),
+                                          sorted_rows(everything))
 
 
 def test_a_shard_reads_only_its_own_blocks(tmp_path: Path) -> None:
@@ -136,8 +150,11 @@ def test_bad_shard_arguments_are_one_line(store: wk.Store) -> None:
         store.tf_dataset("train", 16, num_shards=2, shard_index=2)
     with pytest.raises(wk.InvalidSpecError, match="go together"):
         store.keras_dataset("train", 16, num_shards=2)
-    with pytest.raises(wk.InvalidSpecError, match="too few for 1000 shards"):
-        store.tf_dataset("train", 16, shuffle="blocks", num_shards=1000, shard_index=999)
+    over = store.num_windows("train") + 1  # fewer windows than shards: one line
+    with pytest.raises(wk.InvalidSpecError, match=f"too few for {over} shards"):
+        store.tf_dataset("train", 16, shuffle="blocks", num_shards=over, shard_index=over - 1)
+    with pytest.raises(wk.InvalidSpecError, match=f"too few for {over} shards"):
+        store.torch_dataset("train", 16, rank=0, world_size=over)
     with pytest.raises(wk.InvalidSpecError, match="too few for 100000 shards"):
         store.tf_dataset("train", 16, num_shards=100_000, shard_index=9)
     import tensorflow as tf

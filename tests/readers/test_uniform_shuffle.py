@@ -16,7 +16,6 @@ import windowkit as wk
 from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
-from windowkit.readers.shares import ShardShare
 from windowkit.readers.numpy_engine.held import UniformOrder, uniform_source
 from windowkit.readers.options import (
     BUDGET_CAP,
@@ -24,6 +23,7 @@ from windowkit.readers.options import (
     choose_shuffle,
     default_memory_budget,
 )
+from windowkit.readers.shares import ShardShare
 
 SPEC = wk.WindowSpec(length=6, horizon=2, stride=2)
 TINY = 4096  # bytes: far below any test store's rows, so they are spilled

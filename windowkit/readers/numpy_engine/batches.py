@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError
 from windowkit.readers.numpy_engine.held import UniformBatches, uniform_source
 from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
 from windowkit.readers.numpy_engine.pool import WindowGather

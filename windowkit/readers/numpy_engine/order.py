@@ -1,14 +1,14 @@
 """The Keras reader's epoch order, with random access: which windows the epoch
 positions of a batch hold.
 
-It follows the sampler (:mod:`windowkit.sampler`): blocks holding windows of the
-split, in the epoch's order, ``blocks_per_group`` at a time, the windows of a
-group (its blocks' windows in index order) permuted together with the group's key (reads stay local, so the block
-cache works); batches run on across group boundaries. Every window appears
-exactly once per epoch. The permutation within a group is a keyed bijection
-(:mod:`windowkit.permutation`), so the windows at any epoch positions are
-computed directly, in any order: an :class:`EpochOrder` holds a few arrays per
-storage block, whatever the number of windows.
+It follows the sampler (:mod:`windowkit.sampler`): blocks holding windows of
+the split, in the epoch's order, ``blocks_per_group`` at a time, the windows of
+a group (its blocks' windows in index order) permuted together with its key
+(reads stay local, so the block cache works); batches run on across group
+boundaries. Every window appears exactly once per epoch. The permutation within
+a group is a keyed bijection (:mod:`windowkit.permutation`), so the windows at
+any epoch positions are computed directly, in any order: an :class:`EpochOrder`
+holds a few arrays per storage block, whatever the number of windows.
 """
 
 from __future__ import annotations

@@ -2,15 +2,16 @@
 read in the graph or through the format's row reader.
 
 :func:`block_groups` yields *groups of blocks*: ``(rows, starts)``, the rows of
-a group of storage blocks (each followed by the rows its windows reach past
-it) and the positions in ``rows`` of the split's windows that start in them.
-The epoch's groups come from the sampler, computed in the graph for the epoch
-the reader's counter holds (block ids only, never data); a group's rows are read ahead of the consumer, one group
-at a time (:mod:`windowkit.readers.tfdata_engine.reads`: TensorFlow's own ops
-for a local, uncompressed TFRecord store; else one ``numpy_function`` call
-per group, the format's row reader). :class:`BlockWindows` finds the split's
-window starts per block, a lookup in the graph. :mod:`windowkit.readers.tf`
-then cuts the windows.
+a group of storage blocks (each followed by the rows its windows reach past it)
+and the positions in ``rows`` of the split's windows that start in them. The
+epoch's groups come from the sampler, computed in the graph for the epoch the
+reader's counter holds (block ids only, never data); a group's rows are read
+ahead of the consumer, one group at a time
+(:mod:`windowkit.readers.tfdata_engine.reads`: TensorFlow's own ops for a
+local, uncompressed TFRecord store; else one ``numpy_function`` call per group,
+the format's row reader). :class:`BlockWindows` finds the split's window starts
+per block, a lookup in the graph. :mod:`windowkit.readers.tf` then cuts the
+windows.
 """
 
 from __future__ import annotations

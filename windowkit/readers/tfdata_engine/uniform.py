@@ -26,9 +26,8 @@ from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.readers.tfdata_engine.epochs import EpochCounter
-
     from windowkit.readers.plan import ReadPlan
+    from windowkit.readers.tfdata_engine.epochs import EpochCounter
 
 CHUNK_BATCHES = 8  # batches gathered by one numpy_function call
 

@@ -1,0 +1,86 @@
+"""Shards at any size, in every reader and mode: a store whose split sits in
+one storage block splits into 2 and 4 shards; shares are disjoint, cover the
+split and differ by at most one window; every shard yields as many windows,
+a short one repeating its last one only; a shard's epoch is the whole split's
+order restricted to its own windows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import windowkit as wk
+from tests.conftest import collect_epoch
+from tests.helpers import numbered_series
+
+torch = pytest.importorskip("torch")
+
+SPEC = wk.WindowSpec(6, horizon=1)
+MODES = [True, "global", "blocks", False]
+
+
+def _firsts(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x)[:, 0, 0].astype(np.int64)  # numbered rows: a window's first row
+
+
+def _shard_epoch(store: wk.Store, reader: str, shuffle: bool | str, shards: int, index: int,
+                 epoch: int = 0) -> np.ndarray:
+    if reader == "tf":
+        x, _ = collect_epoch(store.tf_dataset("train", 8, shuffle=shuffle, seed=4,
+                                              num_shards=shards, shard_index=index, epoch=epoch))
+        return _firsts(x)
+    if reader == "keras":
+        ds = store.keras_dataset("train", 8, shuffle=shuffle, seed=4, num_shards=shards,
+                                 shard_index=index)
+        ds.epoch = epoch
+        return np.concatenate([_firsts(ds[b][0]) for b in range(len(ds))])
+    ds = store.torch_dataset("train", 8, shuffle=shuffle, seed=4, rank=index, world_size=shards)
+    ds.set_epoch(epoch)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, sampler=ds.sampler())
+    return np.concatenate([_firsts(x.numpy()) for x, _ in loader])
+
+
+@pytest.fixture
+def one_block_store(tmp_path: Path, fmt: str) -> wk.Store:
+    """Two short series, 41 windows in all, in a single storage block."""
+    store = wk.convert(numbered_series([30, 22], features=1), tmp_path / "s", format=fmt,
+                       window=SPEC, splits={"train": 1.0})
+    assert np.count_nonzero(store.read_plan("train").windows_per_block()) == 1
+    return store
+
+
+@pytest.mark.parametrize("reader", ["tf", "keras", "torch"])
+@pytest.mark.parametrize("shards", [2, 4])
+def test_a_one_block_split_shards_in_every_reader_and_mode(one_block_store: wk.Store,
+                                                           reader: str, shards: int) -> None:
+    store = one_block_store
+    total = store.num_windows("train")
+    for shuffle in MODES:
+        whole = _shard_epoch(store, "keras", shuffle, 1, 0)  # the split's order of epoch 0
+        epochs = [_shard_epoch(store, reader, shuffle, shards, i) for i in range(shards)]
+        assert len({len(e) for e in epochs}) == 1, shuffle  # every shard steps together
+        own = [np.unique(e) for e in epochs]
+        assert all(len(e) - len(o) <= 1 for e, o in zip(epochs, own, strict=True))
+        assert max(map(len, own)) - min(map(len, own)) <= 1
+        together = np.concatenate(own)
+        assert len(together) == len(np.unique(together)) == total, shuffle
+        if reader != "tf":  # the whole split's order, restricted to each shard
+            for e, o in zip(epochs, own, strict=True):
+                np.testing.assert_array_equal(whole[np.isin(whole, o)], e[:len(o)])
+
+
+def test_a_rank_repeats_at_most_one_window_at_scale(tmp_path: Path) -> None:
+    """140,000 rows, two ranks, batches of 1,024: no window read more than
+    twice an epoch, at most one repeated in all."""
+    store = wk.convert(np.arange(280_000, dtype=np.float32).reshape(140_000, 2),
+                       tmp_path / "s", format="zarr", window=32)
+    counts = np.zeros(store.num_windows("train") + 32, dtype=np.int64)
+    for rank in range(2):
+        ds = store.torch_dataset("train", 1024, rank=rank, world_size=2)
+        for x in torch.utils.data.DataLoader(ds, batch_size=None, sampler=ds.sampler()):
+            np.add.at(counts, (x[:, 0, 0].numpy() // 2).astype(np.int64), 1)
+    read = counts[counts > 0]
+    assert len(read) == store.num_windows("train")
+    assert read.max() <= 2 and int((read - 1).sum()) <= 1
