@@ -616,8 +616,11 @@ class FormatTests:
         np.testing.assert_array_equal(spilled, held)
         shards = [collect_epoch(store.tf_dataset("train", 64, num_shards=2, shard_index=i))[0]
                   for i in range(2)]
-        np.testing.assert_array_equal(sorted_rows(np.concatenate(shards)),
-                                      sorted_rows(expected_x))
+        assert len(shards[0]) == len(shards[1])  # a short shard repeats its last window
+        both = np.concatenate(shards)
+        assert len(both) - len(expected_x) <= 1
+        np.testing.assert_array_equal(np.unique(both.reshape(len(both), -1), axis=0),
+                                      np.unique(expected_x.reshape(len(expected_x), -1), axis=0))
 
     def test_every_format_converts_to_s3(self, tmp_path: Path, fmt: str, s3_bucket: str,
                                          mirror_cache: Path) -> None:

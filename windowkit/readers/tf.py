@@ -77,16 +77,24 @@ def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: 
     """From one epoch's ``(rows, starts[, series])`` groups to the reader's
     batches: cut (and normalize) windows, whole batches across groups (the
     windows left at a group's end carried into the next one)."""
+    norm = plan.store.normalizer() if normalize else None
+    cutter = WindowCutter(plan.spec, norm, plan.store.target_positions, fields)
+    return cut_groups(groups, plan, cutter, batch_size=batch_size,
+                      drop_remainder=drop_remainder, with_series=fields.series)
+
+
+def cut_groups(groups: tf.data.Dataset, plan: ReadPlan, cutter: WindowCutter, *,
+               batch_size: int, drop_remainder: bool, with_series: bool) -> tf.data.Dataset:
+    """:func:`batches_from_groups` with its cutter made (nothing that opens the
+    store: safe to call while an epoch's dataset is traced)."""
     import tensorflow as tf
 
     from windowkit.readers.tfdata_engine.carry import carried_batches
 
-    norm = plan.store.normalizer() if normalize else None
-    cutter = WindowCutter(plan.spec, norm, plan.store.target_positions, fields)
     empty_rows = tf.zeros([plan.spec.span, *plan.layout.step_shape], tf.as_dtype(plan.layout.dtype))
     return carried_batches(groups, cutter, batch_size=batch_size,
                            drop_remainder=drop_remainder, empty_rows=empty_rows,
-                           with_series=fields.series)
+                           with_series=with_series)
 
 
 def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
@@ -125,17 +133,19 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
                             memory_budget=choice.memory_budget, fields=fields,
                             spill_dir=order.spill_dir, counter=counter)
     else:
-        from windowkit.readers.tfdata_engine.groups import block_groups
+        from windowkit.readers.tfdata_engine.groups import BlockGroups
+
+        groups = BlockGroups(plan, shuffle=choice.grouped, seed=order.seed,
+                             shuffle_blocks=order.shuffle_blocks,
+                             cache_bytes=choice.cache_bytes, with_series=fields.series,
+                             graph_reads=graph_reads,
+                             extra_windows=per_epoch - plan.num_windows)
+        norm = plan.store.normalizer() if batch.normalize else None
+        cutter = WindowCutter(plan.spec, norm, plan.store.target_positions, fields)
 
         def one_epoch(e: tf.Tensor) -> tf.data.Dataset:
-            groups = block_groups(plan, shuffle=choice.grouped, seed=order.seed,
-                                  shuffle_blocks=order.shuffle_blocks,
-                                  cache_bytes=choice.cache_bytes, with_series=fields.series,
-                                  graph_reads=graph_reads, epoch=e,
-                                  extra_windows=per_epoch - plan.num_windows)
-            return batches_from_groups(groups, plan, batch_size=batch.batch_size,
-                                       drop_remainder=batch.drop_remainder,
-                                       normalize=batch.normalize, fields=fields)
+            return cut_groups(groups.epoch(e), plan, cutter, batch_size=batch.batch_size,
+                              drop_remainder=batch.drop_remainder, with_series=fields.series)
 
         ds = counter.epochs(one_epoch)
         ds = ds.apply(tf.data.experimental.assert_cardinality(

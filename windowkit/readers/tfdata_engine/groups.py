@@ -118,53 +118,74 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                  shuffle_blocks: int | None, cache_bytes: int,
                  with_series: bool = False, graph_reads: bool = True,
                  epoch: tf.Tensor | int = 0, extra_windows: int = 0) -> tf.data.Dataset:
-    """Epoch ``epoch``'s groups of blocks, ``(rows, starts)``, the starts
-    shuffled when asked; with ``with_series``, ``(rows, starts, series)``, each
-    window's series id too. ``extra_windows`` (a shard's padding, +1, or
-    trimming, -1) repeats or leaves out the epoch's last window. The rows are
-    read in the graph where the store allows, else by one ``numpy_function``
-    call per group (always with ``graph_reads=False``): see
-    :func:`windowkit.readers.tfdata_engine.reads.group_reads`."""
-    import tensorflow as tf
+    """Epoch ``epoch``'s groups of blocks (see :class:`BlockGroups`)."""
+    return BlockGroups(plan, shuffle=shuffle, seed=seed, shuffle_blocks=shuffle_blocks,
+                       cache_bytes=cache_bytes, with_series=with_series,
+                       graph_reads=graph_reads, extra_windows=extra_windows).epoch(epoch)
 
-    spec, layout = plan.spec, plan.layout
-    windows = BlockWindows.of(plan)
-    useful = np.flatnonzero(windows.windows > 0)  # only blocks where split windows start
-    group = default_group(shuffle_blocks, cache_bytes=cache_bytes,
-                          block_bytes=(layout.block_rows + spec.span - 1) * layout.row_bytes,
-                          num_blocks=len(useful))
-    sampler = Sampler(windows.windows, group=group, shuffle=shuffle, seed=seed)
-    reads = group_reads(plan, sampler.blocks, graph_reads=graph_reads)
-    last_group = sampler.num_groups - 1
 
-    def fit(index: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+class BlockGroups:
+    """Each epoch's groups of blocks, ``(rows, starts)``, the starts shuffled
+    when asked; with ``with_series``, ``(rows, starts, series)``, each window's
+    series id too. ``extra_windows`` (a shard's padding, +1, or trimming, -1)
+    repeats or leaves out the epoch's last window. The rows are read in the
+    graph where the store allows, else by one ``numpy_function`` call per
+    group (always with ``graph_reads=False``): see
+    :func:`windowkit.readers.tfdata_engine.reads.group_reads`. Everything that
+    opens the store happens here, once, not while an epoch's dataset is traced."""
+
+    def __init__(self, plan: ReadPlan, *, shuffle: bool, seed: int,
+                 shuffle_blocks: int | None, cache_bytes: int, with_series: bool = False,
+                 graph_reads: bool = True, extra_windows: int = 0) -> None:
+        spec, layout = plan.spec, plan.layout
+        self.plan, self.shuffle, self.seed = plan, shuffle, seed
+        self.with_series, self.extra_windows = with_series, extra_windows
+        self.windows = BlockWindows.of(plan)
+        useful = np.flatnonzero(self.windows.windows > 0)  # only blocks where windows start
+        group = default_group(shuffle_blocks, cache_bytes=cache_bytes,
+                              block_bytes=(layout.block_rows + spec.span - 1) * layout.row_bytes,
+                              num_blocks=len(useful))
+        self.sampler = Sampler(self.windows.windows, group=group, shuffle=shuffle, seed=seed)
+        self.reads = group_reads(plan, self.sampler.blocks, graph_reads=graph_reads)
+
+    def _fit(self, index: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         """The last group's windows with the epoch's last one repeated or left out."""
-        if extra_windows == 0:
-            return values
-        changed = (tf.concat([values, values[-1:]], 0) if extra_windows > 0
-                   else values[:-1])
-        return tf.cond(tf.equal(index, last_group), lambda: changed, lambda: values)
+        import tensorflow as tf
 
-    def load(index: tf.Tensor, group_blocks: tuple[tf.Tensor, tf.Tensor]
-             ) -> tuple[tf.Tensor, ...]:
+        if self.extra_windows == 0:
+            return values
+        changed = (tf.concat([values, values[-1:]], 0) if self.extra_windows > 0
+                   else values[:-1])
+        last = self.sampler.num_groups - 1
+        return tf.cond(tf.equal(index, last), lambda: changed, lambda: values)
+
+    def _load(self, index: tf.Tensor, group_blocks: tuple[tf.Tensor, tf.Tensor]
+              ) -> tuple[tf.Tensor, ...]:
+        import tensorflow as tf
+
         blocks, key = group_blocks
-        rows, offsets = reads.rows(blocks)
-        shuffle_seed = tf.stack([tf.constant(seed, tf.int64), key])
-        if not with_series:
+        windows, fit = self.windows, self._fit
+        rows, offsets = self.reads.rows(blocks)
+        shuffle_seed = tf.stack([tf.constant(self.seed, tf.int64), key])
+        if not self.with_series:
             starts = windows.starts(blocks, offsets)
-            if shuffle:
+            if self.shuffle:
                 starts = tf.random.experimental.stateless_shuffle(starts, seed=shuffle_seed)
             return rows, fit(index, starts)
         starts, series = windows.starts_and_series(blocks, offsets)
-        if shuffle:  # one permutation for both
+        if self.shuffle:  # one permutation for both
             order = tf.random.experimental.stateless_shuffle(
                 tf.range(tf.size(starts, out_type=tf.int64)), seed=shuffle_seed)
             starts, series = tf.gather(starts, order), tf.gather(series, order)
         return rows, fit(index, starts), fit(index, series)
 
-    ds = epoch_groups(sampler, tf.convert_to_tensor(epoch, tf.int64))
-    # one group read at a time (bounded memory), ahead of the cuts of the previous one;
-    # from object storage several, so that request latency overlaps
-    ahead = REMOTE_GROUPS_AHEAD if is_remote(plan.store.path) else 1
-    return ds.map(tf.autograph.experimental.do_not_convert(load), num_parallel_calls=ahead,
-                  deterministic=True)
+    def epoch(self, epoch: tf.Tensor | int) -> tf.data.Dataset:
+        """Epoch ``epoch``'s groups, read one group at a time (bounded memory),
+        ahead of the cuts of the previous one; from object storage several, so
+        that request latency overlaps."""
+        import tensorflow as tf
+
+        ds = epoch_groups(self.sampler, tf.convert_to_tensor(epoch, tf.int64))
+        ahead = REMOTE_GROUPS_AHEAD if is_remote(self.plan.store.path) else 1
+        return ds.map(tf.autograph.experimental.do_not_convert(self._load),
+                      num_parallel_calls=ahead, deterministic=True)
