@@ -336,8 +336,6 @@ class FormatTests:
             assert not {op for op in ops if "Generator" in op}
             assert "GatherV2" in ops
             assert "LookupTableFindV2" in ops  # the epoch, from the reader's counter
-            if shuffle == "blocks":
-                assert "StatelessShuffle" in ops
             if self.reads_groups_in_graph:
                 assert not {op for op in ops if "PyFunc" in op}
                 assert {op for op in ops if op.startswith("ParallelInterleaveDataset")}

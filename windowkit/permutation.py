@@ -101,3 +101,46 @@ def tf_mix(x: tf.Tensor) -> tf.Tensor:
     x = shift_xor(x, 30) * tf.constant(0xBF58476D1CE4E5B9, tf.uint64)
     x = shift_xor(x, 27) * tf.constant(0x94D049BB133111EB, tf.uint64)
     return shift_xor(x, 31)
+
+
+def tf_permute(index: tf.Tensor, size: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+    """:class:`KeyedPermutations` in the graph: where the permutation of
+    ``[0, size)`` keyed by ``key`` (a uint64 scalar) sends ``index`` (int64, each
+    in ``[0, size)``); the same numbers as NumPy's."""
+    import tensorflow as tf
+
+    u64 = tf.uint64
+    size = tf.cast(size, tf.int64)
+    # bit length of size - 1 (at least 2), with integer ops: exact at any size
+    top = tf.cast(tf.maximum(size - 1, 1), u64)
+    bits = tf.reduce_sum(tf.cast(tf.bitwise.right_shift(
+        top, tf.cast(tf.range(64), u64)) > 0, u64))
+    bits = tf.maximum(bits, tf.constant(2, u64))
+    half = tf.bitwise.right_shift(bits, tf.constant(1, u64))
+    low_bits = bits - half
+    one = tf.constant(1, u64)
+    low_mask = tf.bitwise.left_shift(one, low_bits) - one
+    high_mask = tf.bitwise.left_shift(one, half) - one
+    keys = [tf_mix(tf.cast(key, u64) + tf.constant(GOLDEN * (r + 1) % 2**64, u64))
+            for r in range(_ROUNDS)]
+    odd, fold = tf.constant(int(_ODD), u64), tf.constant(int(_FOLD), u64)
+
+    def feistel(x: tf.Tensor) -> tf.Tensor:
+        high, low = tf.bitwise.right_shift(x, low_bits), tf.bitwise.bitwise_and(x, low_mask)
+        for i, k in enumerate(keys):
+            if i % 2:
+                f = tf.bitwise.bitwise_xor(high, k) * odd
+                low = tf.bitwise.bitwise_xor(low, tf.bitwise.bitwise_and(
+                    tf.bitwise.bitwise_xor(f, tf.bitwise.right_shift(f, fold)), low_mask))
+            else:
+                f = tf.bitwise.bitwise_xor(low, k) * odd
+                high = tf.bitwise.bitwise_xor(high, tf.bitwise.bitwise_and(
+                    tf.bitwise.bitwise_xor(f, tf.bitwise.right_shift(f, fold)), high_mask))
+        return tf.bitwise.bitwise_or(tf.bitwise.left_shift(high, low_bits), low)
+
+    limit = tf.cast(size, u64)
+    out = feistel(tf.cast(index, u64))
+    # cycle walking: apply again while outside [0, size)
+    out = tf.while_loop(lambda x: tf.reduce_any(x >= limit),
+                        lambda x: [tf.where(x >= limit, feistel(x), x)], [out])[0]
+    return tf.cast(out, tf.int64)

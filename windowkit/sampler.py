@@ -9,7 +9,7 @@ group together, with a key of the group's own. Orders are pure functions of
 ``(seed, epoch)``: nothing is drawn from a stateful generator.
 
 The same order is computed in NumPy (:class:`windowkit.readers.EpochOrder`)
-and in the graph (the ``tf.data`` readers, :meth:`Sampler.tf_epoch_blocks`);
+and in the graph (the ``tf.data`` readers, :meth:`Sampler.tf_epoch`);
 the two are tested equal. Keras
 permutes a group's windows with a keyed permutation
 (:mod:`windowkit.permutation`), ``tf.data`` with ``stateless_shuffle`` seeded
@@ -29,6 +29,8 @@ from windowkit.permutation import GOLDEN, mix, tf_mix
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+    from windowkit.readers.plan import ReadPlan
 
 
 def epoch_key(seed: int, epoch: int) -> np.uint64:
@@ -135,14 +137,6 @@ class Sampler:
         keys = tf_mix(key + golden * tf.cast(group + 1, tf.uint64))
         return blocks, tf.bitcast(keys, tf.int64)
 
-    def tf_epoch_blocks(self, epoch: tf.Tensor) -> tf.data.Dataset:
-        """Epoch ``epoch``'s blocks, ``(block, group_key)`` one at a time, in
-        visiting order. Batch it by :attr:`group` to get the groups."""
-        import tensorflow as tf
-
-        key = tf.data.Dataset.from_tensors(self.tf_epoch_key(epoch))
-        return key.map(self.tf_epoch).unbatch()
-
 
 def blocks_per_group(num_blocks: int, *, fits: int, copies: int) -> int:
     """Blocks whose windows are mixed together: every block of the split when
@@ -151,3 +145,26 @@ def blocks_per_group(num_blocks: int, *, fits: int, copies: int) -> int:
     if fits >= copies * num_blocks:
         return max(1, num_blocks)
     return max(1, fits // copies)
+
+
+GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)
+
+
+def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: int,
+                  num_blocks: int) -> int:
+    """Blocks whose windows are mixed together: ``shuffle_blocks``, else every
+    block holding windows when ``GROUP_SHARE`` copies of them fit ``cache_bytes``,
+    else what does."""
+    if shuffle_blocks is None:
+        return blocks_per_group(num_blocks, fits=cache_bytes // max(1, block_bytes),
+                                copies=GROUP_SHARE)
+    return max(1, min(shuffle_blocks, max(1, num_blocks)))
+
+
+def group_size(plan: ReadPlan, shuffle_blocks: int | None, *, cache_bytes: int) -> int:
+    """Blocks a group holds for ``plan``'s split, the same in every reader and
+    every shard (:func:`default_group` over the whole split's blocks)."""
+    layout = plan.layout
+    return default_group(shuffle_blocks, cache_bytes=cache_bytes,
+                         block_bytes=(layout.block_rows + plan.spec.span - 1) * layout.row_bytes,
+                         num_blocks=int(np.count_nonzero(plan.split_windows_per_block())))

@@ -50,8 +50,9 @@ def test_a_small_split_mixes_its_own_blocks(tmp_path: Path, fmt: str) -> None:
     series = [np.arange(k * rows, (k + 1) * rows, dtype=np.float64)[:, None] for k in range(8)]
     store = wk.convert(series, tmp_path / "s", format=fmt, window=wk.WindowSpec(4),
                        block_rows=block_rows, splits={"train": 0.9, "val": 0.1})
-    # a block cache of 12 blocks: fewer than the ~20 blocks holding val windows
-    ds = store.keras_dataset("val", 64, seed=1, cache_bytes=12 * (block_rows + 3) * 8)
+    # a block cache of 24 blocks: groups of 4 (a sixth of it, as in every reader),
+    # fewer than the ~20 blocks holding val windows
+    ds = store.keras_dataset("val", 64, seed=1, cache_bytes=24 * (block_rows + 3) * 8)
     starts = [ds[i][:, 0, 0].astype(np.int64) for i in range(len(ds))]  # global rows
     assert sorted(np.concatenate(starts).tolist()) == sorted(
         store.runs("val").global_starts(np.arange(store.num_windows("val"))).tolist())

@@ -93,7 +93,7 @@ def test_shuffle_takes_only_its_documented_values(store: wk.Store, value: object
 @pytest.mark.parametrize("shuffle", [True, False, "global", "blocks"])
 def test_shards_are_disjoint_cover_the_split_and_are_balanced(store: wk.Store,
                                                               shuffle: bool | str) -> None:
-    """Three shards, tf.data and Keras: the same windows per shard in both,
+    """Three shards, tf.data and Keras: the same windows in the same order per shard,
     disjoint, covering, their shares within one window of each other, every
     shard as many windows (a short one repeats its last)."""
     everything = _every_window(store)
@@ -111,14 +111,8 @@ def test_shards_are_disjoint_cover_the_split_and_are_balanced(store: wk.Store,
         own = [np.unique(p.reshape(len(p), -1), axis=0) for p in parts]
         for part, mine in zip(parts, own, strict=True):
             assert len(part) - len(mine) <= (0 if drop else 1)
-        for mine, keras_part in zip(own, keras_parts, strict=True):
-            keras_own = np.unique(keras_part.reshape(len(keras_part), -1), axis=0)
-            if not drop:
-                np.testing.assert_array_equal(keras_own, mine)
-            else:  # each leaves out the tail of its own epoch order (< a batch + 1)
-                both = np.concatenate([keras_own, mine])
-                assert len(keras_own) == len(mine)
-                assert len(np.unique(both, axis=0)) <= len(mine) + 16
+        for part, keras_part in zip(parts, keras_parts, strict=True):  # the same order
+            np.testing.assert_array_equal(keras_part, part)
         together = np.concatenate(own)
         assert len(np.unique(together, axis=0)) == len(together)  # disjoint
         if drop:  # each shard the smallest share, whole batches: < a batch each left out
@@ -250,7 +244,7 @@ def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
     script.write_text(_MULTI_WORKER)
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
     total = store.num_windows("train")
-    steps = (total // 2 - 64) // 16  # shards are within a block (64 rows) of half
+    steps = total // 2 // 16  # every shard has as many windows
     procs = []
     for index in range(2):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
@@ -276,7 +270,8 @@ def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
     assert not shards[0] & shards[1]
     expected = sorted(tuple(w) for w in _every_window(store)[:, 0, :2].tolist())
     assert sorted(shards[0] | shards[1]) == expected
-    assert sum(len(b) for out in outputs for b in out["seen"]) == total
+    read = sum(len(b) for out in outputs for b in out["seen"])
+    assert total <= read <= total + 1  # a short shard repeats its last window
 
 
 # -- 4. resuming an epoch in a new process --------------------------------------------------

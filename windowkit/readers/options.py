@@ -94,7 +94,7 @@ def choose_shuffle(plan: ReadPlan, shuffle: bool | str, *, memory_budget: int | 
     (read-ahead, decoding, cutting) is read as one group of every block
     (``"whole"``): each epoch the same uniform permutation of its windows, cut
     in the graph, the fastest way. A shard's budget covers its own rows."""
-    from windowkit.readers.tfdata_engine.groups import GROUP_SHARE
+    from windowkit.sampler import GROUP_SHARE
 
     shuffle = check_shuffle(shuffle)
     budget = default_memory_budget() if memory_budget is None else memory_budget

@@ -71,22 +71,12 @@ def batch_cutter(spec: WindowSpec, batch_size: int, norm: Normalizer | None,
     return cut
 
 
-def batches_from_groups(groups: tf.data.Dataset, plan: ReadPlan, *, batch_size: int,
-                        drop_remainder: bool, normalize: bool, fields: BatchFields
-                        ) -> tf.data.Dataset:
-    """From one epoch's ``(rows, starts[, series])`` groups to the reader's
-    batches: cut (and normalize) windows, whole batches across groups (the
-    windows left at a group's end carried into the next one)."""
-    norm = plan.store.normalizer() if normalize else None
-    cutter = WindowCutter(plan.spec, norm, plan.store.target_positions, fields)
-    return cut_groups(groups, plan, cutter, batch_size=batch_size,
-                      drop_remainder=drop_remainder, with_series=fields.series)
-
-
 def cut_groups(groups: tf.data.Dataset, plan: ReadPlan, cutter: WindowCutter, *,
                batch_size: int, drop_remainder: bool, with_series: bool) -> tf.data.Dataset:
-    """:func:`batches_from_groups` with its cutter made (nothing that opens the
-    store: safe to call while an epoch's dataset is traced)."""
+    """From one epoch's ``(rows, starts[, series])`` groups to the reader's
+    batches: cut (and normalize) windows with ``cutter``, whole batches across
+    groups (the windows left at a group's end carried into the next one).
+    Nothing here opens the store: safe to call while an epoch is traced."""
     import tensorflow as tf
 
     from windowkit.readers.tfdata_engine.carry import carried_batches
@@ -123,15 +113,15 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
                                seed=order.seed, drop_remainder=batch.drop_remainder,
                                normalize=batch.normalize, cache_bytes=choice.cache_bytes,
                                fields=fields)
-    counter = EpochCounter(epoch)
     per_epoch = plan.windows_per_epoch(batch.drop_remainder)
     if choice.uniform:
-        from windowkit.readers.tfdata_engine.uniform import global_batches
+        from windowkit.readers.tfdata_engine.uniform import uniform_epochs
 
-        ds = global_batches(plan, batch_size=batch.batch_size, seed=order.seed,
-                            drop_remainder=batch.drop_remainder, normalize=batch.normalize,
-                            memory_budget=choice.memory_budget, fields=fields,
-                            spill_dir=order.spill_dir, counter=counter)
+        one_epoch = uniform_epochs(plan, batch_size=batch.batch_size, seed=order.seed,
+                                   drop_remainder=batch.drop_remainder,
+                                   normalize=batch.normalize,
+                                   memory_budget=choice.memory_budget, fields=fields,
+                                   spill_dir=order.spill_dir)
     else:
         from windowkit.readers.tfdata_engine.groups import BlockGroups
 
@@ -147,14 +137,16 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
             return cut_groups(groups.epoch(e), plan, cutter, batch_size=batch.batch_size,
                               drop_remainder=batch.drop_remainder, with_series=fields.series)
 
-        ds = counter.epochs(one_epoch)
+    batches = num_batches(per_epoch, batch.batch_size, batch.drop_remainder)
+
+    def build(counter: EpochCounter, epochs: int | None) -> tf.data.Dataset:
+        ds = counter.epochs(one_epoch, epochs)
         ds = ds.apply(tf.data.experimental.assert_cardinality(
-            num_batches(per_epoch, batch.batch_size, batch.drop_remainder)))
-        ds = ds.prefetch(PREFETCH_BATCHES)
-    ds = ds.with_options(checkpoint_options())
-    if device is not None:
-        ds = prefetch_to_device(ds, device)
-    return epoched(ds, counter)
+            tf.data.INFINITE_CARDINALITY if epochs is None else batches * epochs))
+        ds = ds.prefetch(PREFETCH_BATCHES).with_options(checkpoint_options())
+        return ds if device is None else prefetch_to_device(ds, device)
+
+    return epoched(build, EpochCounter(epoch))
 
 
 def checkpoint_options() -> tf.data.Options:

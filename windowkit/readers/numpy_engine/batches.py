@@ -36,6 +36,7 @@ from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_ba
 from windowkit.readers.numpy_engine.pool import WindowGather
 from windowkit.readers.options import BatchOptions, ShuffleOptions
 from windowkit.readers.shares import ShardSequence
+from windowkit.sampler import group_size
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -134,7 +135,8 @@ class EpochBatches:
                     plan.whole_split, shuffle=self.choice.mode == "blocks",
                     seed=self.order.seed, block_rows=gather.pool.block_rows,
                     total_rows=plan.layout.total_rows,
-                    blocks_per_group=gather.blocks_per_group)
+                    blocks_per_group=group_size(plan, self.order.shuffle_blocks,
+                                                cache_bytes=self.choice.cache_bytes))
                 epochs = _EpochCache(order)
                 sequence = ShardSequence(plan.shard_share, epochs.positions,
                                          ordered=not order.sampler.shuffle)

@@ -243,15 +243,6 @@ class WindowGather:
         self.pool = BlockPool(reader, layout, halo=spec.span - 1, cache_bytes=cache_bytes)
         self._views = window_views(self.pool.data, spec)  # every window of every slot
 
-    def blocks_per_group(self, num_blocks: int) -> int:
-        """Blocks whose windows are mixed together, of ``num_blocks`` holding
-        windows: all of them when the pool holds them all (nothing is evicted),
-        else a third of the pool, so that two neighbouring groups and the
-        batches in flight stay resident."""
-        if self.pool.capacity >= num_blocks:
-            return max(1, num_blocks)
-        return max(1, self.pool.capacity // 3)
-
     def __call__(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Windows starting at global rows ``starts``: ``(x, y)``, ``y`` None if H=0."""
         return self.cut(starts, self.targets)

@@ -1,17 +1,23 @@
 """Which epoch each iteration of a ``tf.data`` reader reads.
 
-Every reader follows one order per ``(seed, epoch)``; a ``tf.data.Dataset``
-has no epoch argument, so each iteration of the reader's dataset is the next
-epoch: an :class:`EpochCounter` (a one-entry table, not a variable, so that a
-distribution strategy's scope leaves it alone) holds the epoch the next
-iteration reads. An iteration reads it when it starts, and sets it to the
-epoch after its own when its last batch has been made: reading it again (as
-restoring a checkpoint does) gives the same epoch. An iteration left before
-its end does not move the counter on: the next one reads the same epoch.
+Every reader follows one order per ``(seed, epoch)``; a ``tf.data.Dataset`` has
+no epoch argument, so each iteration of the reader's dataset is the next epoch.
+The reader's dataset (:class:`EpochedDataset`) counts in Python: each iterator
+it makes takes the next epoch (the first is the reader's ``epoch=``), and
+:meth:`EpochedDataset.set_epoch` sets the next one, as
+``DistributedSampler.set_epoch`` does. The epoch reaches the graph through a
+one-entry table (:class:`EpochCounter`, not a variable, so a distribution
+strategy's scope leaves it alone), read when the iteration reads its first
+batch; nothing in the pipeline writes to it (symbolic checkpointing would warn
+at every element of a pipeline holding a function that writes).
 
-The reader's dataset carries the counter into its iterators
-(:class:`EpochedDataset`), so ``tf.train.Checkpoint(iterator=it)`` saves and
-restores the epoch along with the position in it.
+``ds.repeat()`` goes on through the following epochs inside one iteration
+(``e``, ``e + 1``, ..., computed in the graph). An iterator's checkpoint
+(``tf.train.Checkpoint(iterator=it)``) holds the epoch it started at, and
+restoring it sets the table before the position is restored (which reads it).
+Iterations the dataset does not make itself (a distribution strategy's
+distributed dataset, iterating inside a ``tf.function``) read the epoch last
+set: call ``set_epoch`` before each epoch there.
 """
 
 from __future__ import annotations
@@ -24,100 +30,117 @@ from windowkit.errors import check_int
 if TYPE_CHECKING:
     import tensorflow as tf
 
+_EPOCH_KEY = "windowkit_epoch"
+
 
 class EpochCounter:
-    """The epoch the next iteration reads, starting at ``first``."""
+    """The epoch iterations read: ``current`` in the graph's table, ``next``
+    the one the next iterator takes."""
 
     def __init__(self, first: int = 0) -> None:
         import tensorflow as tf
 
-        self.first = check_int("epoch", first, 0)
+        self.next = check_int("epoch", first, 0)
         with tf.init_scope():
             self.table = tf.lookup.experimental.MutableHashTable(
-                tf.int64, tf.int64, default_value=self.first, name="windowkit_next_epoch")
+                tf.int64, tf.int64, default_value=self.next, name="windowkit_epoch")
 
-    def next_epoch(self) -> tf.Tensor:
-        """The epoch the next iteration reads (int64 scalar)."""
+    def current(self) -> tf.Tensor:
+        """The epoch an iteration reads (an int64 scalar, in the graph)."""
         import tensorflow as tf
 
         return tf.reshape(self.table.lookup(tf.constant(0, tf.int64)), [])
 
-    def finish(self, epoch: tf.Tensor) -> tf.Operation:
-        """Move on past ``epoch`` (idempotent)."""
+    def set(self, epoch: int) -> None:
+        """Iterations read ``epoch`` from now on; the next iterator takes the one after."""
         import tensorflow as tf
 
-        return self.table.insert(tf.constant([0], tf.int64), tf.reshape(epoch + 1, [1]))
+        epoch = check_int("epoch", epoch, 0)
+        with tf.init_scope():
+            self.table.insert(tf.constant([0], tf.int64), tf.constant([epoch], tf.int64))
+        self.next = epoch + 1
 
-    def epochs(self, make_epoch: Callable[[tf.Tensor], tf.data.Dataset]) -> tf.data.Dataset:
-        """One iteration of the returned dataset: ``make_epoch(e)`` of the epoch
-        ``e`` the counter holds, then the counter moved on past ``e``."""
+    def take(self, epochs: int | None = 1) -> int:
+        """The first epoch of a new iterator reading ``epochs`` epochs: the next
+        one, made current; the iterator after it starts past them."""
+        epoch = self.next
+        self.set(epoch)
+        self.next = epoch + (epochs or 1)
+        return epoch
+
+    def epochs(self, make_epoch: Callable[[tf.Tensor], tf.data.Dataset],
+               count: int | None = 1) -> tf.data.Dataset:
+        """One iteration of the returned dataset: ``make_epoch(e)`` of the
+        current epoch ``e``, then of ``e + 1``, ... ``count`` epochs in all
+        (``None``: without end)."""
         import tensorflow as tf
-
-        def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-            batches = make_epoch(epoch)
-            spec = batches.element_spec
-
-            def finished(_: tf.Tensor) -> Any:  # nothing comes out: it only moves on
-                with tf.control_dependencies([self.finish(epoch)]):
-                    return tf.nest.map_structure(_empty_like, spec)
-
-            end = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(finished)
-            return batches.concatenate(end.filter(lambda *_: tf.constant(False)))
 
         start = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
-        return start.map(lambda _: self.next_epoch()).flat_map(one_epoch)
+        first = start.map(lambda _: self.current())
+        if count == 1:
+            return first.flat_map(make_epoch)
+        steps = tf.data.Dataset.counter() if count is None else tf.data.Dataset.range(count)
+        return first.flat_map(lambda e: steps.map(lambda k: e + k)).flat_map(make_epoch)
 
 
-def _empty_like(spec: tf.TensorSpec) -> tf.Tensor:
-    """Zeros of ``spec``'s shape, unknown sizes 0 (an element never yielded)."""
-    import tensorflow as tf
-
-    if spec.shape.rank is None:
-        return tf.zeros([0], spec.dtype)
-    return tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype)
+Build = Callable[[EpochCounter, "int | None"], "tf.data.Dataset"]  # (counter, epochs) -> dataset
 
 
-_EPOCH_KEY = "windowkit_next_epoch"
-
-
-def epoched(ds: tf.data.Dataset, counter: EpochCounter) -> tf.data.Dataset:
-    """``ds``, whose iterators save ``counter`` in their checkpoints and restore
-    it before their position (which reads it)."""
+def epoched(build: Build, counter: EpochCounter, epochs: int | None = 1) -> tf.data.Dataset:
+    """``build(counter, epochs)`` as an :class:`EpochedDataset`."""
     from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
     class EpochIterator(iterator_ops.OwnedIterator):
-        """An iterator whose checkpoint holds the epoch counter too."""
+        """An iterator starting at one epoch, whose checkpoint holds that epoch."""
+
+        def __init__(self, dataset: tf.data.Dataset, epoch: int) -> None:
+            self.windowkit_epoch = epoch
+            super().__init__(dataset)
 
         def _serialize_to_tensors(self) -> dict[str, Any]:
+            import tensorflow as tf
+
             tensors = dict(super()._serialize_to_tensors())
-            tensors[_EPOCH_KEY] = counter.next_epoch()
+            tensors[_EPOCH_KEY] = tf.constant(self.windowkit_epoch, tf.int64)
             return tensors
 
         def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
             restored = dict(restored_tensors)
             epoch = restored.pop(_EPOCH_KEY, None)
             if epoch is not None:
-                counter.table.insert(tf_constant_key(), [epoch])
+                self.windowkit_epoch = int(epoch)
+                counter.set(self.windowkit_epoch)
             return super()._restore_from_tensors(restored)
 
     class EpochedDataset(dataset_ops.UnaryUnchangedStructureDataset):
-        """A reader's dataset whose iterators carry its epoch counter."""
+        """A reader's dataset: each iterator it makes reads the next epoch;
+        ``repeat`` goes on through the epochs after it."""
 
-        def __init__(self, input_dataset: tf.data.Dataset) -> None:
+        def __init__(self) -> None:
             self.epoch_counter = counter
-            super().__init__(input_dataset, input_dataset._variant_tensor)
+            dataset = build(counter, epochs)
+            super().__init__(dataset, dataset._variant_tensor)
+
+        def set_epoch(self, epoch: int) -> None:
+            """The next iteration reads epoch ``epoch`` (then ``epoch + 1``, ...)."""
+            counter.set(epoch)
+            counter.next = epoch
+
+        def repeat(self, count: Any = None, name: str | None = None) -> tf.data.Dataset:
+            """Epoch after epoch: ``count`` epochs (``None`` or -1: without end)
+            from the one the iteration starts at, each in its own order."""
+            if epochs != 1 or name is not None or not (
+                    count is None or (isinstance(count, int) and count >= -1)):
+                return super().repeat(count, name)
+            if count == 0:
+                return super().repeat(0)
+            return epoched(build, counter, None if count in (None, -1) else count)
 
         def __iter__(self) -> Any:
             import tensorflow as tf
 
             if tf.inside_function():
                 return super().__iter__()
-            return EpochIterator(self)
+            return EpochIterator(self, counter.take(epochs))
 
-    return EpochedDataset(ds)
-
-
-def tf_constant_key() -> tf.Tensor:
-    import tensorflow as tf
-
-    return tf.constant([0], tf.int64)
+    return EpochedDataset()

@@ -22,27 +22,16 @@ import numpy as np
 
 from windowkit.index import WindowRuns
 from windowkit.location import is_remote
+from windowkit.permutation import tf_permute
 from windowkit.readers.tfdata_engine.reads import group_reads
-from windowkit.sampler import Sampler, blocks_per_group
+from windowkit.sampler import Sampler, group_size
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from windowkit.readers.plan import ReadPlan
 
-GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)
 REMOTE_GROUPS_AHEAD = 4  # groups read at once from object storage (latency, not bandwidth)
-
-
-def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: int,
-                  num_blocks: int) -> int:
-    """Blocks whose windows are mixed together: ``shuffle_blocks``, else every
-    block holding windows when ``GROUP_SHARE`` copies of them fit ``cache_bytes``,
-    else what does."""
-    if shuffle_blocks is None:
-        return blocks_per_group(num_blocks, fits=cache_bytes // max(1, block_bytes),
-                                copies=GROUP_SHARE)
-    return max(1, min(shuffle_blocks, max(1, num_blocks)))
 
 
 class BlockWindows:
@@ -107,13 +96,6 @@ def expand(counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return owner, items - tf.gather(ends - counts, owner)
 
 
-def epoch_groups(sampler: Sampler, epoch: tf.Tensor) -> tf.data.Dataset:
-    """The sampler's groups of epoch ``epoch``, ``(index, blocks, group_key)``,
-    computed in the graph."""
-    by_group = sampler.tf_epoch_blocks(epoch).batch(sampler.group)
-    return by_group.map(lambda blocks, keys: (blocks, keys[0])).enumerate()
-
-
 def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
                  shuffle_blocks: int | None, cache_bytes: int,
                  with_series: bool = False, graph_reads: bool = True,
@@ -125,30 +107,64 @@ def block_groups(plan: ReadPlan, *, shuffle: bool, seed: int,
 
 
 class BlockGroups:
-    """Each epoch's groups of blocks, ``(rows, starts)``, the starts shuffled
-    when asked; with ``with_series``, ``(rows, starts, series)``, each window's
-    series id too. ``extra_windows`` (a shard's padding, +1, or trimming, -1)
-    repeats or leaves out the epoch's last window. The rows are read in the
-    graph where the store allows, else by one ``numpy_function`` call per
-    group (always with ``graph_reads=False``): see
+    """Each epoch's groups of blocks for one plan, ``(rows, starts)``; with
+    ``with_series``, ``(rows, starts, series)``, each window's series id too.
+
+    The order is the one every reader follows (:class:`windowkit.readers.EpochOrder`):
+    the whole split's blocks in the epoch's order, ``group`` at a time (sized
+    from the whole split, so the same in every shard), the windows of a group
+    (its blocks' windows in index order) permuted by the group's keyed
+    permutation (:func:`windowkit.permutation.tf_permute`, the NumPy engine's
+    numbers), restricted to the plan's own windows (a shard's piece). A group
+    reads only the plan's own blocks in it; groups without any are skipped.
+    ``extra_windows`` (a shard's padding, +1, or trimming, -1) repeats or leaves
+    out the epoch's last window. The rows are read in the graph where the store
+    allows, else by one ``numpy_function`` call per group (always with
+    ``graph_reads=False``): see
     :func:`windowkit.readers.tfdata_engine.reads.group_reads`. Everything that
     opens the store happens here, once, not while an epoch's dataset is traced."""
 
     def __init__(self, plan: ReadPlan, *, shuffle: bool, seed: int,
                  shuffle_blocks: int | None, cache_bytes: int, with_series: bool = False,
                  graph_reads: bool = True, extra_windows: int = 0) -> None:
-        spec, layout = plan.spec, plan.layout
-        self.plan, self.shuffle, self.seed = plan, shuffle, seed
-        self.with_series, self.extra_windows = with_series, extra_windows
-        self.windows = BlockWindows.of(plan)
-        useful = np.flatnonzero(self.windows.windows > 0)  # only blocks where windows start
-        group = default_group(shuffle_blocks, cache_bytes=cache_bytes,
-                              block_bytes=(layout.block_rows + spec.span - 1) * layout.row_bytes,
-                              num_blocks=len(useful))
-        self.sampler = Sampler(self.windows.windows, group=group, shuffle=shuffle, seed=seed)
-        self.reads = group_reads(plan, self.sampler.blocks, graph_reads=graph_reads)
+        import tensorflow as tf
 
-    def _fit(self, index: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        layout = plan.layout
+        self.plan, self.shuffle = plan, shuffle
+        self.with_series, self.extra_windows = with_series, extra_windows
+        split_counts = plan.split_windows_per_block()
+        group = group_size(plan, shuffle_blocks, cache_bytes=cache_bytes)
+        self.sampler = Sampler(split_counts, group=group, shuffle=shuffle, seed=seed)
+        owned = plan.windows_per_block() > 0  # blocks where the plan's own windows start
+        self.reads = group_reads(plan, np.flatnonzero(owned), graph_reads=graph_reads)
+        self.share = plan.shard_share
+        self.block_rows = layout.block_rows
+        runs = plan.whole_split
+        self._owned = tf.constant(owned)
+        self._counts = tf.constant(split_counts, tf.int64)
+        self._first = tf.constant(np.concatenate([[0], np.cumsum(split_counts)[:-1]]), tf.int64)
+        self._run_first = tf.constant(runs.cumulative[:-1], tf.int64)
+        self._run_start = tf.constant(runs.global_first, tf.int64)
+        self._run_series = tf.constant(runs.series, tf.int32)
+        self._stride = runs.stride
+
+    def _windows(self, blocks: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+        """Index positions of the plan's own windows of the group of ``blocks``
+        (ascending), in the group's order."""
+        import tensorflow as tf
+
+        owner, k = expand(tf.gather(self._counts, blocks))
+        positions = tf.gather(tf.gather(self._first, blocks), owner) + k
+        if self.shuffle:
+            size = tf.size(positions, out_type=tf.int64)
+            order = tf_permute(tf.range(size), size, tf.bitcast(key, tf.uint64))
+            positions = tf.gather(positions, order)
+        if self.share.whole:
+            return positions
+        return tf.boolean_mask(positions, (positions >= self.share.lo)
+                               & (positions < self.share.hi))
+
+    def _fit(self, last: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         """The last group's windows with the epoch's last one repeated or left out."""
         import tensorflow as tf
 
@@ -156,28 +172,24 @@ class BlockGroups:
             return values
         changed = (tf.concat([values, values[-1:]], 0) if self.extra_windows > 0
                    else values[:-1])
-        last = self.sampler.num_groups - 1
-        return tf.cond(tf.equal(index, last), lambda: changed, lambda: values)
+        return tf.cond(last, lambda: changed, lambda: values)
 
-    def _load(self, index: tf.Tensor, group_blocks: tuple[tf.Tensor, tf.Tensor]
+    def _load(self, blocks: tf.Tensor, key: tf.Tensor, last: tf.Tensor
               ) -> tuple[tf.Tensor, ...]:
         import tensorflow as tf
 
-        blocks, key = group_blocks
-        windows, fit = self.windows, self._fit
-        rows, offsets = self.reads.rows(blocks)
-        shuffle_seed = tf.stack([tf.constant(self.seed, tf.int64), key])
+        positions = self._fit(last, self._windows(blocks, key))
+        run = tf.searchsorted(self._run_first, positions, side="right", out_type=tf.int64) - 1
+        starts = (tf.gather(self._run_start, run)
+                  + (positions - tf.gather(self._run_first, run)) * self._stride)
+        own = tf.boolean_mask(blocks, tf.gather(self._owned, blocks))
+        rows, offsets = self.reads.rows(own)
+        block = starts // self.block_rows
+        at = tf.searchsorted(own, block, side="left", out_type=tf.int64)
+        local = tf.gather(offsets, at) + starts - block * self.block_rows
         if not self.with_series:
-            starts = windows.starts(blocks, offsets)
-            if self.shuffle:
-                starts = tf.random.experimental.stateless_shuffle(starts, seed=shuffle_seed)
-            return rows, fit(index, starts)
-        starts, series = windows.starts_and_series(blocks, offsets)
-        if self.shuffle:  # one permutation for both
-            order = tf.random.experimental.stateless_shuffle(
-                tf.range(tf.size(starts, out_type=tf.int64)), seed=shuffle_seed)
-            starts, series = tf.gather(starts, order), tf.gather(series, order)
-        return rows, fit(index, starts), fit(index, series)
+            return rows, local
+        return rows, local, tf.gather(self._run_series, run)
 
     def epoch(self, epoch: tf.Tensor | int) -> tf.data.Dataset:
         """Epoch ``epoch``'s groups, read one group at a time (bounded memory),
@@ -185,7 +197,21 @@ class BlockGroups:
         that request latency overlaps."""
         import tensorflow as tf
 
-        ds = epoch_groups(self.sampler, tf.convert_to_tensor(epoch, tf.int64))
+        sampler = self.sampler
+        blocks, keys = sampler.tf_epoch(sampler.tf_epoch_key(
+            tf.convert_to_tensor(epoch, tf.int64)))
+        size = sampler.group
+        group_of = tf.range(tf.size(blocks, out_type=tf.int64)) // size
+        owned = tf.gather(self._owned, blocks)
+        last_group = tf.reduce_max(tf.where(owned, group_of, -1))
+        has_own = tf.math.unsorted_segment_max(tf.cast(owned, tf.int32), group_of,
+                                               sampler.num_groups) > 0
+
+        def group(g: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            return blocks[g * size:(g + 1) * size], keys[g * size], tf.equal(g, last_group)
+
+        groups = tf.data.Dataset.range(sampler.num_groups).filter(
+            lambda g: tf.gather(has_own, g)).map(group)
         ahead = REMOTE_GROUPS_AHEAD if is_remote(self.plan.store.path) else 1
-        return ds.map(tf.autograph.experimental.do_not_convert(self._load),
-                      num_parallel_calls=ahead, deterministic=True)
+        return groups.map(tf.autograph.experimental.do_not_convert(self._load),
+                          num_parallel_calls=ahead, deterministic=True)

@@ -14,6 +14,7 @@ position is a batch number, so ``tf.train.Checkpoint`` saves it symbolically.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,29 +28,37 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from windowkit.readers.plan import ReadPlan
-    from windowkit.readers.tfdata_engine.epochs import EpochCounter
 
 CHUNK_BATCHES = 8  # batches gathered by one numpy_function call
 
+EpochBatches = Callable[["tf.Tensor"], "tf.data.Dataset"]  # an epoch -> its batches
 
-def global_batches(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder: bool,
+
+def uniform_epochs(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder: bool,
                    normalize: bool, memory_budget: int, fields: BatchFields,
-                   counter: EpochCounter, spill_dir: str | os.PathLike[str] | None = None
-                   ) -> tf.data.Dataset:
-    """Batches of uniformly shuffled windows, each iteration the epoch
-    ``counter`` holds."""
+                   spill_dir: str | os.PathLike[str] | None = None) -> EpochBatches:
+    """The plan's rows held (in memory or spilled) and a function from an
+    epoch to its uniformly shuffled batches."""
     source = uniform_source(plan, batch_size=batch_size, seed=seed, normalize=normalize,
                             memory_budget=memory_budget, fields=fields, spill_dir=spill_dir,
                             drop_remainder=drop_remainder)
-    return uniform_dataset(source, drop_remainder=drop_remainder, counter=counter)
+    return epoch_batches(source, drop_remainder=drop_remainder)
 
 
-def uniform_dataset(source: UniformBatches, *, drop_remainder: bool, counter: EpochCounter
+def uniform_dataset(source: UniformBatches, *, drop_remainder: bool, epoch: int = 0
                     ) -> tf.data.Dataset:
-    """``source``'s batches as a ``tf.data.Dataset``: one ``numpy_function``
-    call per chunk of ``CHUNK_BATCHES`` batches (a call costs more than
-    cutting a batch's windows), chunks in parallel, each sliced into its
-    batches in the graph; each iteration the epoch ``counter`` holds."""
+    """Epoch ``epoch`` of ``source``'s batches, as one dataset (benchmarks)."""
+    import tensorflow as tf
+
+    make_epoch = epoch_batches(source, drop_remainder=drop_remainder)
+    return make_epoch(tf.constant(epoch, tf.int64)).prefetch(PREFETCH_BATCHES)
+
+
+def epoch_batches(source: UniformBatches, *, drop_remainder: bool) -> EpochBatches:
+    """``source``'s batches of an epoch as a ``tf.data.Dataset``: one
+    ``numpy_function`` call per chunk of ``CHUNK_BATCHES`` batches (a call costs
+    more than cutting a batch's windows), chunks in parallel, each sliced into
+    its batches in the graph."""
     import tensorflow as tf
 
     batch_size, total = source.batch_size, source.num_windows
@@ -85,11 +94,9 @@ def uniform_dataset(source: UniformBatches, *, drop_remainder: bool, counter: Ep
     def chunk_batches(size: tf.Tensor, flat: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
         return tf.data.Dataset.range(0, size, batch_size).map(lambda at: batch_at(flat, at))
 
-    def epoch_batches(epoch: tf.Tensor) -> tf.data.Dataset:
+    def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
         chunks = tf.data.Dataset.range(0, windows, chunk)
         return chunks.map(lambda lo: load(lo, epoch), num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True).flat_map(chunk_batches)
 
-    ds = counter.epochs(epoch_batches)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(batches))
-    return ds.prefetch(PREFETCH_BATCHES)
+    return one_epoch
