@@ -88,7 +88,6 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
 
     import windowkit as wk
     from windowkit.readers.numpy_engine.held import uniform_source
-    from windowkit.readers.tfdata_engine.epochs import EpochCounter
     from windowkit.readers.tfdata_engine.uniform import uniform_dataset
 
     tf.constant(0)  # the runtime loaded: the baseline includes it
@@ -105,7 +104,7 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
                                 memory_budget=budget, fields=plan.store.fields(False))
         if mode == "spilled, cold":
             source.held.evict()
-        ds = uniform_dataset(source, drop_remainder=False, counter=EpochCounter(0))
+        ds = uniform_dataset(source, drop_remainder=False)
     build = time.perf_counter() - start
     firsts, start = [], time.perf_counter()
     for x in ds:

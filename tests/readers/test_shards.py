@@ -7,6 +7,7 @@ order restricted to its own windows, the same in every reader."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,3 +86,48 @@ def test_a_rank_repeats_at_most_one_window_at_scale(tmp_path: Path) -> None:
     read = counts[counts > 0]
     assert len(read) == store.num_windows("train")
     assert read.max() <= 2 and int((read - 1).sum()) <= 1
+
+
+@pytest.mark.parametrize("reader", ["keras", "torch"])
+def test_a_position_saved_on_4_shards_resumes_on_2(tmp_path: Path, fmt: str,
+                                                   reader: str) -> None:
+    """Epoch 1 stopped after 3 batches on each of 4 shards, resumed on 2: the
+    rest of epoch 1 holds every window not yet read exactly once (a shard one
+    short repeats its last), then epoch 2 is whole; another seed is refused."""
+    store = wk.convert(numbered_series([300, 170, 9, 140], features=1), tmp_path / "s",
+                       format=fmt, window=SPEC, block_rows=32)
+    total = store.num_windows("train")
+    for shuffle in MODES:
+        def make(shards: int, index: int, seed: int = 4, shuffle: bool | str = shuffle) -> Any:
+            if reader == "keras":
+                return store.keras_dataset("train", 8, shuffle=shuffle, seed=seed,
+                                           num_shards=shards, shard_index=index)
+            return store.torch_dataset("train", 8, shuffle=shuffle, seed=seed, rank=index,
+                                       world_size=shards)
+
+        def batches(ds: Any, epoch: int, count: int | None = None) -> list[np.ndarray]:
+            if reader == "keras":
+                ds.epoch = epoch
+                return [_firsts(ds[b][0]) for b in range(count or len(ds))]
+            ds.set_epoch(epoch)
+            own = range(ds.rank, len(ds), ds.world_size)
+            return [_firsts(ds[j][0].numpy()) for j in list(own)[:count]]
+
+        read = []
+        old = [make(4, i) for i in range(4)]
+        for ds in old:
+            read += batches(ds, 1, 3)
+        position = old[0].position_after(3)
+        assert position["stops"] == [[4, 24]]
+        rest = []
+        for index in range(2):
+            new = make(2, index)
+            new.resume(position)
+            rest.append(np.concatenate(batches(new, 1)))
+        done, left = np.concatenate(read), [np.unique(r) for r in rest]
+        assert len(rest[0]) == len(rest[1]), shuffle
+        assert all(len(r) - len(u) <= 1 for r, u in zip(rest, left, strict=True))
+        together = np.concatenate([done, *left])
+        assert len(together) == len(np.unique(together)) == total, shuffle
+        with pytest.raises(wk.InvalidSpecError, match=r"seed=4.*seed=5"):
+            make(2, 0, seed=5).resume(position)

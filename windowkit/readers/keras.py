@@ -84,7 +84,21 @@ class WindowPyDataset(keras.utils.PyDataset):
 
     @property
     def batches_per_epoch(self) -> int:
-        return self.batches.batches_per_epoch
+        """Batches of the current epoch (fewer in one resumed part-way)."""
+        return self.batches.batches_in(self._epoch)
+
+    def position_after(self, batches: int) -> dict[str, Any]:
+        """Where the current epoch stands once every shard has read ``batches``
+        batches of it: a small JSON-able dict, for :meth:`resume` on any
+        number of shards."""
+        return self.batches.position_after(self._epoch, batches)
+
+    def resume(self, position: dict[str, Any]) -> None:
+        """Go on from a :meth:`position_after` saved with any number of shards:
+        the rest of its epoch (every window it had left, once, over the
+        shards), then whole epochs."""
+        self._epoch = self.batches.resume(position)
+        self._first_batch = 0
 
     @property
     def num_windows(self) -> int:

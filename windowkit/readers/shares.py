@@ -27,13 +27,18 @@ from windowkit.errors import InvalidSpecError
 SEQUENCE_CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShardShare:
-    """Shard ``index`` of ``count`` over a split of ``total`` windows."""
+    """Shard ``index`` of ``count`` over a split of ``total`` windows; in an
+    epoch resumed on another shard count, its piece of the windows left
+    (``owned``: their index positions, ascending; ``sizes``: every shard's
+    piece size)."""
 
     index: int = 0
     count: int = 1
     total: int = 0
+    owned: np.ndarray | None = None
+    sizes: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, total: int, count: int, index: int, *, where: str) -> ShardShare:
@@ -45,9 +50,18 @@ class ShardShare:
                 f"needs at least one); use at most {max(total, 1)} shards")
         return cls(index, count, total)
 
+    @classmethod
+    def of_windows(cls, left: np.ndarray, count: int, index: int, total: int) -> ShardShare:
+        """Shard ``index`` of ``count`` over the windows ``left`` (index
+        positions, ascending) of a split of ``total``: the same contiguous,
+        balanced pieces, of those windows."""
+        pieces = [ShardShare(i, count, len(left)) for i in range(count)]
+        mine = pieces[index]
+        return cls(index, count, total, left[mine.lo:mine.hi], tuple(p.size for p in pieces))
+
     @property
     def whole(self) -> bool:
-        return self.count == 1
+        return self.count == 1 and self.owned is None
 
     @property
     def lo(self) -> int:
@@ -63,15 +77,25 @@ class ShardShare:
 
     @property
     def size(self) -> int:
-        return self.hi - self.lo
+        return self.hi - self.lo if self.owned is None else len(self.owned)
 
     def windows_per_epoch(self, drop_remainder: bool = False) -> int:
         """Windows every shard yields an epoch: the largest share (padded), or
         with ``drop_remainder`` the smallest (the rest left out)."""
+        if self.owned is not None:
+            return min(self.sizes) if drop_remainder else max(self.sizes)
         if self.whole:
             return self.total
         q, r = divmod(self.total, self.count)
         return q if drop_remainder or r == 0 else q + 1
+
+    def owns(self, positions: np.ndarray) -> np.ndarray:
+        """Which of the index ``positions`` this shard owns (a boolean mask)."""
+        if self.owned is None:
+            return (positions >= self.lo) & (positions < self.hi)
+        at = np.searchsorted(self.owned, positions)
+        return (at < len(self.owned)) & (self.owned[np.minimum(at, len(self.owned) - 1)]
+                                         == positions)
 
 
 class ShardSequence:
@@ -88,7 +112,7 @@ class ShardSequence:
                  ordered: bool) -> None:
         self.share = share
         self._full = full
-        self._ordered = ordered
+        self.ordered = ordered
         self._lock = threading.Lock()
         self._cached: tuple[int, np.ndarray] | None = None
 
@@ -98,9 +122,12 @@ class ShardSequence:
         share = self.share
         if share.whole:
             return self._full(epoch, where)
+        if share.size == 0:
+            raise InvalidSpecError(f"shard {share.index} of {share.count} has no windows "
+                                   "left in this epoch")
         where = np.minimum(where, share.size - 1)
-        if self._ordered:
-            return share.lo + where
+        if self.ordered:
+            return share.lo + where if share.owned is None else share.owned[where]
         return self.sequence(epoch)[where]
 
     def sequence(self, epoch: int) -> np.ndarray:
@@ -109,12 +136,48 @@ class ShardSequence:
             cached = self._cached
             if cached is not None and cached[0] == epoch:
                 return cached[1]
-            lo, hi, total = self.share.lo, self.share.hi, self.share.total
+            total = self.share.total
             pieces = []
             for first in range(0, total, SEQUENCE_CHUNK):
                 order = self._full(epoch, np.arange(first, min(first + SEQUENCE_CHUNK, total),
                                                     dtype=np.int64))
-                pieces.append(order[(order >= lo) & (order < hi)])
+                pieces.append(order[self.share.owns(order)])
             sequence = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
             self._cached = (epoch, sequence)
             return sequence
+
+
+@dataclass(frozen=True)
+class EpochStop:
+    """Where an epoch was stopped: ``num_shards`` shards had each read
+    ``windows`` windows of their share (ranks step together)."""
+
+    num_shards: int
+    windows: int
+
+
+def windows_left(order: Callable[[np.ndarray], np.ndarray], total: int,
+                 stops: list[EpochStop]) -> np.ndarray:
+    """The index positions (ascending) of the windows an epoch has left after
+    ``stops``: each stop's shards owned balanced, contiguous pieces of the
+    windows then left, read in the epoch's order (``order(where)``: the index
+    positions at epoch positions ``where``), and had read their first
+    ``windows`` each. Those of every shard together are left."""
+    rank = np.empty(total, dtype=np.int64)  # each window's place in the epoch's order
+    for first in range(0, total, SEQUENCE_CHUNK):
+        where = np.arange(first, min(first + SEQUENCE_CHUNK, total), dtype=np.int64)
+        rank[order(where)] = where
+    left = np.arange(total, dtype=np.int64)
+    for stop in stops:
+        kept = []
+        for index in range(stop.num_shards):
+            piece = ShardShare(index, stop.num_shards, len(left))
+            mine = left[piece.lo:piece.hi]
+            read = min(stop.windows, len(mine))
+            if read == 0:
+                kept.append(mine)
+            elif read < len(mine):  # the first `read` of its order are done
+                ranks = rank[mine]
+                kept.append(mine[ranks > np.partition(ranks, read - 1)[read - 1]])
+        left = np.sort(np.concatenate(kept)) if kept else np.zeros(0, dtype=np.int64)
+    return left

@@ -134,13 +134,14 @@ class WindowTorchDataset(torch.utils.data.Dataset):
 
     @property
     def batches_per_rank(self) -> int:
-        """Batches each rank reads an epoch."""
-        return self.batches.batches_per_epoch
+        """Batches each rank reads in the current epoch."""
+        return self.batches.batches_in(self.epoch)
 
     @property
     def num_windows(self) -> int:
-        """Windows an epoch yields on each rank (padded to the largest rank's share)."""
-        return self.batches.windows_per_epoch
+        """Windows the current epoch yields on each rank (padded to the largest
+        rank's share)."""
+        return self.batches.windows_in(self.epoch)
 
     def __len__(self) -> int:
         """Every rank's batches: ``world_size`` times the batches of one rank."""
@@ -183,33 +184,39 @@ class WindowTorchDataset(torch.utils.data.Dataset):
                                    f"{len(items)}: build the loader with batch_size=1")
         return items[0]
 
+    # -- resuming on any number of ranks --------------------------------------------
+    def position_after(self, batches: int) -> dict[str, Any]:
+        """Where the current epoch stands once every rank has read ``batches``
+        batches of it (ranks step together): a small JSON-able dict to save
+        with the model, for :meth:`resume` on any number of ranks."""
+        return self.batches.position_after(self.epoch, batches)
+
+    def resume(self, position: dict[str, Any]) -> None:
+        """Go on from a :meth:`position_after` saved with any number of ranks:
+        the rest of its epoch (every window it had left, once, over this
+        dataset's ranks), then whole epochs. One line for a position of
+        another store, split, seed or shuffle."""
+        self.set_epoch(self.batches.resume(position))
+
     # -- torchdata's Stateful protocol (StatefulDataLoader) ---------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The epoch, and what it was saved for (store, split, order, batches)."""
-        return {"epoch": self.epoch, **self._identity()}
+        """The epoch, and what it was saved for (store, split, order, batches, ranks)."""
+        return {"epoch": self.epoch, **self.batches.identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Go on in the saved epoch; a state saved for another store, split,
-        seed, shuffle, batch size or rank count is one line."""
+        """Go on in the saved epoch (``StatefulDataLoader`` then skips the
+        batches already read); a state saved for another store, split, seed,
+        shuffle, batch size or rank count is one line (to resume on another
+        rank count, use :meth:`position_after` and :meth:`resume`)."""
         if not isinstance(state, dict) or "epoch" not in state:
             raise InvalidSpecError("not a windowkit torch dataset state: it has no 'epoch' "
                                    "(pass what state_dict() returned)")
-        mine = self._identity()
-        for key, value in mine.items():
+        for key, value in self.batches.identity().items():
             if key in state and state[key] != value:
                 raise InvalidSpecError(
-                    f"the saved position is for {key}={state[key]!r}, this dataset has "
+                    f"the saved state is for {key}={state[key]!r}, this dataset has "
                     f"{key}={value!r}: build the dataset as it was when the state was saved")
         self.set_epoch(state["epoch"])
-
-    def _identity(self) -> dict[str, Any]:
-        batches = self.batches
-        plan = batches.plan
-        return {"store_id": plan.store.store_id, "split": plan.split,
-                "seed": batches.order.seed, "shuffle": batches.order.shuffle,
-                "batch_size": batches.batch_size,
-                "drop_remainder": batches.batch.drop_remainder,
-                "world_size": self.world_size}
 
     def __repr__(self) -> str:
         plan = self.batches.plan

@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.readers.numpy_engine.held import UniformBatches, uniform_source
+from windowkit.errors import InvalidSpecError, check_int
+from windowkit.readers.numpy_engine.held import HeldRows, UniformOrder
 from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
 from windowkit.readers.numpy_engine.pool import WindowGather
 from windowkit.readers.options import BatchOptions, ShuffleOptions
-from windowkit.readers.shares import ShardSequence
+from windowkit.readers.shares import EpochStop, ShardSequence, ShardShare, windows_left
 from windowkit.sampler import group_size
 from windowkit.stats import Normalizer
 
@@ -44,17 +46,30 @@ if TYPE_CHECKING:
 
 Batch = Any  # x, (x, y), or with fields a dict x (windowkit.readers.numpy_engine.fields)
 
-# built per process, never pickled; "_uniform" is kept by forked workers (shared rows)
+# built per process, never pickled; "_held" is kept by forked workers (shared rows)
 _PROCESS_LOCAL = ("_lock", "_pid", "_local", "_checked_epoch")
+#: what a saved position must match to be resumed (the batch size may change:
+#: a position counts windows)
+_POSITION_KEYS = ("store_id", "split", "seed", "shuffle", "mode")
 
 
 @dataclass(frozen=True)
 class _Local:
-    """What one process builds to cut batches from blocks."""
+    """What one process builds to find and cut an epoch's windows."""
 
-    gather: WindowGather
+    full: Callable[[int, np.ndarray], np.ndarray]  # (epoch, where) -> the split's positions
     sequence: ShardSequence  # the plan's epoch positions -> the split's index positions
+    gather: WindowGather | None  # cuts from blocks (None: from held rows)
     normalizer: Normalizer | None
+
+
+@dataclass(frozen=True)
+class _Resumed:
+    """An epoch resumed part-way: its stops, and this shard's piece of what is left."""
+
+    epoch: int
+    stops: tuple[EpochStop, ...]
+    share: ShardShare
 
 
 class EpochBatches:
@@ -69,8 +84,10 @@ class EpochBatches:
         if self.batch.normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self.windows_per_epoch = plan.windows_per_epoch(self.batch.drop_remainder)
+        self._resumed: _Resumed | None = None
+        self._rows_plan = plan  # whose rows are held (a resumed epoch may need more)
         self._reset_process_state()
-        self._uniform: UniformBatches | None = None
+        self._held: HeldRows | None = None
 
     # -- pickling and per-process state ---------------------------------------------
     def _reset_process_state(self) -> None:
@@ -81,12 +98,12 @@ class EpochBatches:
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()
-                if k not in (*_PROCESS_LOCAL, "_uniform")}
+                if k not in (*_PROCESS_LOCAL, "_held")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset_process_state()
-        self._uniform = None  # held again by this process on first use
+        self._held = None  # held again by this process on first use
 
     def _this_process(self) -> None:
         """After a fork, drop the parent's lock and block cache (the held rows stay)."""
@@ -96,7 +113,7 @@ class EpochBatches:
     # -- what an epoch holds ---------------------------------------------------------
     @property
     def holds_rows(self) -> bool:
-        """Whether batches come from the split's rows held once (any uniform
+        """Whether batches come from the plan's rows held once (any uniform
         shuffle: random access in NumPy is the fast way here)."""
         return self.choice.mode in ("uniform", "whole")
 
@@ -106,43 +123,64 @@ class EpochBatches:
 
     @property
     def batches_per_epoch(self) -> int:
+        """Batches of a whole epoch (an epoch resumed part-way may have fewer)."""
         return num_batches(self.windows_per_epoch, self.batch_size, self.batch.drop_remainder)
+
+    def windows_in(self, epoch: int) -> int:
+        """Windows epoch ``epoch`` yields (fewer in an epoch resumed part-way)."""
+        resumed = self._resumed
+        if resumed is not None and resumed.epoch == epoch:
+            return resumed.share.windows_per_epoch(self.batch.drop_remainder)
+        return self.windows_per_epoch
+
+    def batches_in(self, epoch: int) -> int:
+        """Batches epoch ``epoch`` yields."""
+        return num_batches(self.windows_in(epoch), self.batch_size, self.batch.drop_remainder)
 
     def hold(self) -> None:
         """Hold the rows now when batches come from held rows (so that workers
         forked later share them); else nothing."""
         if self.holds_rows:
-            self._uniform_batches()
+            self._held_rows()
 
-    def _uniform_batches(self) -> UniformBatches:
+    def _held_rows(self) -> HeldRows:
         self._this_process()
         with self._lock:
-            if self._uniform is None:
-                self._uniform = uniform_source(
-                    self.plan, batch_size=self.batch_size, seed=self.order.seed,
-                    normalize=self.batch.normalize, memory_budget=self.choice.memory_budget,
-                    fields=self.fields, spill_dir=self.order.spill_dir,
-                    drop_remainder=self.batch.drop_remainder)
-            return self._uniform
+            if self._held is None:
+                self._held = HeldRows(self._rows_plan, memory_budget=self.choice.memory_budget,
+                                      spill_dir=self.order.spill_dir)
+            return self._held
 
     def _process_local(self) -> _Local:
         self._this_process()
         with self._lock:
             if self._local is None:
                 plan = self.plan
-                gather = plan.store.window_gather(self.choice.cache_bytes)
-                order = WindowOrder(
-                    plan.whole_split, shuffle=self.choice.mode == "blocks",
-                    seed=self.order.seed, block_rows=gather.pool.block_rows,
-                    total_rows=plan.layout.total_rows,
-                    blocks_per_group=group_size(plan, self.order.shuffle_blocks,
-                                                cache_bytes=self.choice.cache_bytes))
-                epochs = _EpochCache(order)
-                sequence = ShardSequence(plan.shard_share, epochs.positions,
-                                         ordered=not order.sampler.shuffle)
+                full: Callable[[int, np.ndarray], np.ndarray]
+                gather = None
+                if self.holds_rows:
+                    full = UniformOrder(plan.whole_split, seed=self.order.seed).full
+                    ordered = False
+                else:
+                    gather = plan.store.window_gather(self.choice.cache_bytes)
+                    order = WindowOrder(
+                        plan.whole_split, shuffle=self.choice.mode == "blocks",
+                        seed=self.order.seed, block_rows=plan.layout.block_rows,
+                        total_rows=plan.layout.total_rows,
+                        blocks_per_group=group_size(plan, self.order.shuffle_blocks,
+                                                    cache_bytes=self.choice.cache_bytes))
+                    full = _EpochCache(order).positions
+                    ordered = not order.sampler.shuffle
+                sequence = ShardSequence(plan.shard_share, full, ordered=ordered)
                 norm = plan.store.normalizer() if self.batch.normalize else None
-                self._local = _Local(gather, sequence, norm)
+                self._local = _Local(full, sequence, gather, norm)
             return self._local
+
+    def _sequence(self, local: _Local, epoch: int) -> ShardSequence:
+        resumed = self._resumed
+        if resumed is None or resumed.epoch != epoch:
+            return local.sequence
+        return ShardSequence(resumed.share, local.full, ordered=local.sequence.ordered)
 
     def _check_store(self, epoch: int) -> None:
         """Once per epoch: a replaced store is an error, even for rows already held."""
@@ -151,32 +189,97 @@ class EpochBatches:
             self._checked_epoch = epoch
 
     # -- batches ---------------------------------------------------------------------
-    def positions(self, index: int) -> np.ndarray:
+    def positions(self, index: int, epoch: int | None = None) -> np.ndarray:
         """The epoch positions batch ``index`` holds (past a shard's own windows,
         a padded epoch repeats its last one)."""
-        if not 0 <= index < self.batches_per_epoch:
-            raise IndexError(f"batch {index} is out of range for {self.batches_per_epoch} "
-                             "batches")
+        windows = self.windows_per_epoch if epoch is None else self.windows_in(epoch)
+        batches = num_batches(windows, self.batch_size, self.batch.drop_remainder)
+        if not 0 <= index < batches:
+            raise IndexError(f"batch {index} is out of range for {batches} batches")
         lo = index * self.batch_size
-        return np.arange(lo, min(lo + self.batch_size, self.windows_per_epoch), dtype=np.int64)
+        return np.arange(lo, min(lo + self.batch_size, windows), dtype=np.int64)
 
     def batch_at(self, epoch: int, index: int) -> Batch:
         """Batch ``index`` (0 first) of epoch ``epoch``."""
-        return self.windows_at(epoch, self.positions(index))
+        return self.windows_at(epoch, self.positions(index, epoch))
 
     def windows_at(self, epoch: int, where: np.ndarray) -> Batch:
         """The windows at epoch positions ``where`` of epoch ``epoch``, as one batch."""
         self._this_process()
         self._check_store(epoch)
-        if self.holds_rows:
-            return self._uniform_batches().windows_at(epoch, where)
         local, fields = self._process_local(), self.fields
-        starts, series = self.plan.whole_split.global_starts_and_series(
-            local.sequence.positions(epoch, where))
+        positions = self._sequence(local, epoch).positions(epoch, where)
+        starts, series = self.plan.whole_split.global_starts_and_series(positions)
         targets = self.plan.store.target_positions
-        x, horizon = local.gather.cut(starts, fields.horizon_columns(targets))
+        columns = fields.horizon_columns(targets)
+        if local.gather is None:
+            x, horizon = self._held_rows().windows(starts, columns)
+        else:
+            x, horizon = local.gather.cut(starts, columns)
         return fields.assemble(x, horizon, series if fields.series else None,
                                targets=targets, norm=local.normalizer)
+
+    # -- saved positions -------------------------------------------------------------
+    def position_after(self, epoch: int, batches: int) -> dict[str, Any]:
+        """Where epoch ``epoch`` stands once every shard has read ``batches``
+        batches of it: a small JSON-able dict, for :meth:`resume` on any
+        number of shards (and any batch size)."""
+        stops = list(self._resumed.stops) if (self._resumed is not None
+                                             and self._resumed.epoch == epoch) else []
+        read = min(check_int("batches", batches, 0) * self.batch_size, self.windows_in(epoch))
+        stops.append(EpochStop(self.plan.shard_share.count, read))
+        return {"epoch": int(epoch), "stops": [[s.num_shards, s.windows] for s in stops],
+                **self.identity()}
+
+    def resume(self, position: dict[str, Any]) -> int:
+        """Go on from a saved :meth:`position_after` (saved with any number of
+        shards): its epoch yields, over this plan's shards, every window it had
+        left exactly once; later epochs are whole. Returns the epoch. A position
+        saved for another store, split, seed or shuffle is one line."""
+        if not isinstance(position, dict) or "epoch" not in position or "stops" not in position:
+            raise InvalidSpecError("not a windowkit position: pass what position_after() "
+                                   "returned")
+        identity = self.identity()
+        for key in _POSITION_KEYS:
+            if position.get(key) != identity[key]:
+                raise InvalidSpecError(
+                    f"the saved position is for {key}={position.get(key)!r}, this reader has "
+                    f"{key}={identity[key]!r}: build the reader as it was when it was saved")
+        epoch = check_int("epoch", position["epoch"], 0)
+        try:
+            stops = tuple(EpochStop(check_int("shards", n, 1), check_int("windows", w, 0))
+                          for n, w in position["stops"])
+        except (TypeError, ValueError):
+            raise InvalidSpecError("a saved position's stops are [shards, windows] "
+                                   "pairs") from None
+        local, plan = self._process_local(), self.plan
+        total, share = plan.whole_split.total, plan.shard_share
+        left = windows_left(lambda where: local.full(epoch, where), total, list(stops))
+        if 0 < len(left) < share.count:
+            raise InvalidSpecError(
+                f"epoch {epoch} has {len(left)} windows left, fewer than {share.count} "
+                f"shards: resume on at most {len(left)} shards, or at epoch {epoch + 1}")
+        if len(left) == 0:
+            self._resumed = None
+            return epoch + 1
+        mine = ShardShare.of_windows(left, share.count, share.index, total)
+        self._resumed = _Resumed(epoch, stops, mine)
+        if self.holds_rows and mine.owned is not None:  # hold the rows of what is left too
+            first = min(share.lo, int(mine.owned[0]))
+            last = max(share.hi, int(mine.owned[-1]) + 1)
+            self._rows_plan = replace(plan, runs=plan.whole_split.select_positions(first, last))
+            with self._lock:
+                self._held = None
+            self.hold()
+        return epoch
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved position of this reader is for."""
+        plan = self.plan
+        return {"store_id": plan.store.store_id, "split": plan.split, "seed": self.order.seed,
+                "shuffle": self.order.shuffle, "mode": self.choice.mode,
+                "batch_size": self.batch_size, "drop_remainder": self.batch.drop_remainder,
+                "num_shards": plan.shard_share.count}
 
 
 class _EpochCache:

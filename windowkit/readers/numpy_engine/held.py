@@ -266,7 +266,7 @@ class UniformOrder:
         self.share = share if share is not None else ShardShare(0, 1, runs.total)
         self.total = self.share.windows_per_epoch(drop_remainder)  # windows an epoch yields
         self._cached: tuple[int, KeyedPermutations] | None = None
-        self._sequence = ShardSequence(self.share, self._full, ordered=False)
+        self._sequence = ShardSequence(self.share, self.full, ordered=False)
 
     def epoch_key(self, epoch: int) -> int:
         """The permutation key of epoch ``epoch`` (a uint64 as a Python int)."""
@@ -286,7 +286,8 @@ class UniformOrder:
         positions ``where`` in epoch ``epoch``."""
         return self.runs.global_starts_and_series(self.positions(epoch, where))
 
-    def _full(self, epoch: int, where: np.ndarray) -> np.ndarray:
+    def full(self, epoch: int, where: np.ndarray) -> np.ndarray:
+        """Index positions of the whole split's windows at epoch positions ``where``."""
         return self._permutation(epoch)(where, np.zeros(len(where), dtype=np.int64))
 
     def _permutation(self, epoch: int) -> KeyedPermutations:
