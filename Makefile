@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.beyond_memory
 	$(BIN)/python -m tests.benchmarks.benchmark forecasting
 	$(BIN)/python -m tests.benchmarks.frameworks
+	$(BIN)/python -m tests.benchmarks.ranks
 	$(BIN)/python -m tests.benchmarks.perf_page
 
 # each reader pinned to 1, 2, ... cores: windows/s and the speedup (docs/cores.md)

@@ -87,7 +87,8 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
     import tensorflow as tf
 
     import windowkit as wk
-    from windowkit.readers.numpy_engine.held import uniform_source
+    from windowkit.readers import BatchOptions, ShuffleOptions
+    from windowkit.readers.numpy_engine.batches import EpochBatches
     from windowkit.readers.tfdata_engine.uniform import uniform_dataset
 
     tf.constant(0)  # the runtime loaded: the baseline includes it
@@ -100,11 +101,12 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
     else:
         plan = store.read_plan("train")
         budget = BUDGET if mode.startswith("spilled") else 4 * plan.rows_bytes()
-        source = uniform_source(plan, batch_size=BATCH, seed=0, normalize=False,
-                                memory_budget=budget, fields=plan.store.fields(False))
+        batches = EpochBatches(plan, BatchOptions(BATCH),
+                               ShuffleOptions("global", memory_budget=budget))
+        batches.hold()
         if mode == "spilled, cold":
-            source.held.evict()
-        ds = uniform_dataset(source, drop_remainder=False)
+            batches.held_rows().evict()
+        ds = uniform_dataset(batches)
     build = time.perf_counter() - start
     firsts, start = [], time.perf_counter()
     for x in ds:

@@ -16,14 +16,16 @@ import windowkit as wk
 from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
-from windowkit.readers.numpy_engine.held import UniformOrder, uniform_source
+from windowkit.readers import BatchOptions, ReadPlan, ShuffleOptions
+from windowkit.readers.numpy_engine.batches import EpochBatches
+from windowkit.readers.numpy_engine.held import UniformOrder
 from windowkit.readers.options import (
     BUDGET_CAP,
     BUDGET_FLOOR,
     choose_shuffle,
     default_memory_budget,
 )
-from windowkit.readers.shares import ShardShare
+from windowkit.readers.shares import ShardSequence, ShardShare
 
 SPEC = wk.WindowSpec(length=6, horizon=2, stride=2)
 TINY = 4096  # bytes: far below any test store's rows, so they are spilled
@@ -69,19 +71,22 @@ def test_every_window_exactly_once_each_epoch(numbered_store: tuple[wk.Store, li
     assert not np.array_equal(x, _keras_epoch(keras_ds)[0])
 
 
+def _uniform(plan: ReadPlan, batch_size: int, seed: int, budget: int) -> EpochBatches:
+    """Normalized dict batches of a uniform shuffle, the rows held within ``budget``."""
+    return EpochBatches(plan, BatchOptions(batch_size, normalize=True, return_series=True),
+                        ShuffleOptions("global", seed=seed, memory_budget=budget))
+
+
 def test_spilled_equals_in_memory(numbered_store: tuple[wk.Store, list[np.ndarray]]) -> None:
     """The same seed gives the same batches whether the rows are held in memory
     or spilled; the Keras reader gives the same batches as tf.data's first epoch
     when both use the same permutation key."""
     store, _ = numbered_store
     plan = store.read_plan("train")
-    held = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=1 << 30,
-                          fields=plan.store.fields(True))
-    spilled = uniform_source(plan, batch_size=50, seed=1, normalize=True, memory_budget=TINY,
-                             fields=plan.store.fields(True))
-    assert not held.held.spilled and spilled.held.spilled
+    held, spilled = (_uniform(plan, 50, 1, budget) for budget in (1 << 30, TINY))
+    assert not held.held_rows().spilled and spilled.held_rows().spilled
     for index in (0, 3, -(-plan.num_windows // 50) - 1):
-        a, b = held.batch(99, index), spilled.batch(99, index)
+        a, b = held.batch_at(99, index), spilled.batch_at(99, index)
         np.testing.assert_array_equal(a[1], b[1])
         for key in ("inputs", "series"):
             np.testing.assert_array_equal(a[0][key], b[0][key])
@@ -106,14 +111,14 @@ def test_normalized_dict_batches_match_random_access(
     """Spilled, normalized dict batches equal Store.windows at the same windows."""
     store, _ = numbered_store
     plan = store.read_plan("train")
-    source = uniform_source(plan, batch_size=40, seed=5, normalize=True, memory_budget=TINY,
-                            fields=plan.store.fields(True))
-    starts, _ = source.order.starts(1, 40, 80)  # batch 1 of epoch 1
+    source = _uniform(plan, 40, 5, TINY)
+    order = UniformOrder(plan.runs, seed=5)
+    starts = plan.runs.global_starts(order.full(1, np.arange(40, 80)))  # batch 1 of epoch 1
     every = plan.runs.global_starts(np.arange(plan.num_windows))  # ascending
     positions = np.searchsorted(every, starts)
     expected_x, expected_y = store.windows("train", positions, normalize=True,
                                            return_series=True)
-    got_x, got_y = source.batch(1, 1)
+    got_x, got_y = source.batch_at(1, 1)
     assert set(got_x) == {"inputs", "series"}
     np.testing.assert_allclose(got_x["inputs"], expected_x["inputs"], rtol=1e-6)
     np.testing.assert_array_equal(got_x["series"], expected_x["series"])
@@ -210,15 +215,17 @@ def test_shard_orders_are_the_split_order_restricted(total: int, shards: int, se
                       first=np.array([0, 1], dtype=np.int64),
                       count=np.array([total // 2, total - total // 2], dtype=np.int64),
                       stride=3, row_offset=np.array([0, 10 * total], dtype=np.int64))
-    whole = UniformOrder(runs, seed=seed).positions(epoch, np.arange(total))
+    order = UniformOrder(runs, seed=seed)
+    whole = order.full(epoch, np.arange(total))
     seen = []
     for index in range(shards):
         share = ShardShare(index, shards, total)
-        order = UniformOrder(runs, seed=seed, share=share)
-        mine = order.positions(epoch, np.arange(share.size))
-        np.testing.assert_array_equal(mine, whole[(whole >= share.lo) & (whole < share.hi)])
-        assert order.total == -(-total // shards)
-        seen.append(mine)
+        mine = ShardSequence(share, order.full, ordered=False).positions(
+            epoch, np.arange(share.windows_per_epoch()))
+        restricted = whole[(whole >= share.lo) & (whole < share.hi)]
+        np.testing.assert_array_equal(mine[:share.size], restricted)
+        assert len(mine) == -(-total // shards) and set(mine[share.size:]) <= {restricted[-1]}
+        seen.append(restricted)
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(total))
 
 

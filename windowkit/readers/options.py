@@ -71,7 +71,7 @@ class ShuffleChoice:
 
     @property
     def uniform(self) -> bool:
-        """Uniform with the rows held once (:class:`UniformBatches`)."""
+        """Uniform, the rows held once (:class:`windowkit.readers.numpy_engine.held.HeldRows`)."""
         return self.mode == "uniform"
 
     @property

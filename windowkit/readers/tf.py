@@ -115,13 +115,10 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
                                fields=fields)
     per_epoch = plan.windows_per_epoch(batch.drop_remainder)
     if choice.uniform:
+        from windowkit.readers.numpy_engine.batches import EpochBatches
         from windowkit.readers.tfdata_engine.uniform import uniform_epochs
 
-        one_epoch = uniform_epochs(plan, batch_size=batch.batch_size, seed=order.seed,
-                                   drop_remainder=batch.drop_remainder,
-                                   normalize=batch.normalize,
-                                   memory_budget=choice.memory_budget, fields=fields,
-                                   spill_dir=order.spill_dir)
+        one_epoch = uniform_epochs(EpochBatches(plan, batch, order))
     else:
         from windowkit.readers.tfdata_engine.groups import BlockGroups
 

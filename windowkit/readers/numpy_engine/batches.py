@@ -141,9 +141,10 @@ class EpochBatches:
         """Hold the rows now when batches come from held rows (so that workers
         forked later share them); else nothing."""
         if self.holds_rows:
-            self._held_rows()
+            self.held_rows()
 
-    def _held_rows(self) -> HeldRows:
+    def held_rows(self) -> HeldRows:
+        """The plan's rows, held once by this process (in memory or spilled)."""
         self._this_process()
         with self._lock:
             if self._held is None:
@@ -213,7 +214,7 @@ class EpochBatches:
         targets = self.plan.store.target_positions
         columns = fields.horizon_columns(targets)
         if local.gather is None:
-            x, horizon = self._held_rows().windows(starts, columns)
+            x, horizon = self.held_rows().windows(starts, columns)
         else:
             x, horizon = local.gather.cut(starts, columns)
         return fields.assemble(x, horizon, series if fields.series else None,

@@ -15,9 +15,9 @@ epoch holds the windows at epoch positions ``b*B .. b*B+B-1`` of a keyed
 bijection of the split's windows (:mod:`windowkit.permutation`), a new key
 each epoch; nothing is materialized, and an iterator's position is all its
 state. Sharded, a shard holds only the rows of its own windows, and its epoch
-is the split's permutation restricted to them: shards are disjoint, and each
-is a uniform order of its own windows.
-:class:`UniformBatches` puts the two together for both readers.
+is the split's permutation restricted to them
+(:class:`windowkit.readers.numpy_engine.batches.EpochBatches` puts the two
+together for every reader).
 """
 
 from __future__ import annotations
@@ -40,11 +40,8 @@ from windowkit._progress import human_size
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
 from windowkit.permutation import KeyedPermutations
-from windowkit.readers.numpy_engine.fields import BatchFields
 from windowkit.readers.plan import ReadPlan
-from windowkit.readers.shares import ShardSequence, ShardShare
 from windowkit.sampler import uniform_key
-from windowkit.stats import Normalizer
 from windowkit.windows import cut_from_views, window_views
 
 SPILL_DIR_ENV = "WINDOWKIT_SPILL_DIR"
@@ -256,38 +253,20 @@ def _ahead(pool: ThreadPoolExecutor, read: Any, loads: list[Any]) -> Iterator[An
 
 class UniformOrder:
     """Every epoch a keyed uniform permutation of the split's windows
-    (:func:`windowkit.sampler.uniform_key`); a shard's epoch is that
-    permutation restricted to the windows it owns (:class:`ShardSequence`)."""
+    (:func:`windowkit.sampler.uniform_key`): where epoch position ``p`` of
+    epoch ``e`` is, computed directly, nothing materialized."""
 
-    def __init__(self, runs: WindowRuns, *, seed: int, share: ShardShare | None = None,
-                 drop_remainder: bool = False) -> None:
+    def __init__(self, runs: WindowRuns, *, seed: int) -> None:
         self.runs = runs  # the whole split's windows
         self.seed = seed
-        self.share = share if share is not None else ShardShare(0, 1, runs.total)
-        self.total = self.share.windows_per_epoch(drop_remainder)  # windows an epoch yields
         self._cached: tuple[int, KeyedPermutations] | None = None
-        self._sequence = ShardSequence(self.share, self.full, ordered=False)
 
     def epoch_key(self, epoch: int) -> int:
         """The permutation key of epoch ``epoch`` (a uint64 as a Python int)."""
         return uniform_key(self.seed, epoch)
 
-    def positions(self, epoch: int, where: np.ndarray) -> np.ndarray:
-        """Index positions (of the whole split) of the windows at this shard's
-        epoch positions ``where``."""
-        return self._sequence.positions(epoch, where)
-
-    def starts(self, epoch: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Global starts and series of the windows at epoch positions ``[lo, hi)``."""
-        return self.starts_at(epoch, np.arange(lo, hi, dtype=np.int64))
-
-    def starts_at(self, epoch: int, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Global starts and series (int32) of the windows at this shard's epoch
-        positions ``where`` in epoch ``epoch``."""
-        return self.runs.global_starts_and_series(self.positions(epoch, where))
-
     def full(self, epoch: int, where: np.ndarray) -> np.ndarray:
-        """Index positions of the whole split's windows at epoch positions ``where``."""
+        """Index positions of the split's windows at epoch positions ``where``."""
         return self._permutation(epoch)(where, np.zeros(len(where), dtype=np.int64))
 
     def _permutation(self, epoch: int) -> KeyedPermutations:
@@ -299,48 +278,3 @@ class UniformOrder:
             cached = (epoch, KeyedPermutations(size, key))
             self._cached = cached
         return cached[1]
-
-
-class UniformBatches:
-    """Batches of a uniformly shuffled split (or shard), as NumPy:
-    ``windows(epoch, lo, hi)``, the same for every reader."""
-
-    def __init__(self, plan: ReadPlan, held: HeldRows, *, batch_size: int, seed: int,
-                 normalize: bool, fields: BatchFields, drop_remainder: bool = False) -> None:
-        self.plan, self.held, self.fields = plan, held, fields
-        self.batch_size = batch_size
-        self.order = UniformOrder(plan.whole_split, seed=seed, share=plan.shard_share,
-                                  drop_remainder=drop_remainder)
-        self.norm: Normalizer | None = plan.store.normalizer() if normalize else None
-        self._columns = fields.horizon_columns(plan.store.target_positions)
-
-    @property
-    def num_windows(self) -> int:
-        """Windows an epoch yields (a shard's padded or trimmed share)."""
-        return self.order.total
-
-    def batch(self, epoch: int, index: int) -> Any:
-        """Batch ``index`` of epoch ``epoch``."""
-        lo = index * self.batch_size
-        return self.windows(epoch, lo, min(lo + self.batch_size, self.order.total))
-
-    def windows(self, epoch: int, lo: int, hi: int) -> Any:
-        """The windows at epoch positions ``[lo, hi)`` of epoch ``epoch``, as one batch."""
-        return self.windows_at(epoch, np.arange(lo, hi, dtype=np.int64))
-
-    def windows_at(self, epoch: int, positions: np.ndarray) -> Any:
-        """The windows at epoch positions ``positions`` of epoch ``epoch``, as one batch."""
-        starts, series = self.order.starts_at(epoch, positions)
-        x, horizon = self.held.windows(starts, self._columns)
-        return self.fields.assemble(x, horizon, series if self.fields.series else None,
-                                   targets=self.plan.store.target_positions, norm=self.norm)
-
-
-def uniform_source(plan: ReadPlan, *, batch_size: int, seed: int, normalize: bool,
-                   memory_budget: int, fields: BatchFields,
-                   spill_dir: str | os.PathLike[str] | None = None,
-                   drop_remainder: bool = False) -> UniformBatches:
-    """The plan's rows held (in memory or spilled) and its uniform batches."""
-    held = HeldRows(plan, memory_budget=memory_budget, spill_dir=spill_dir)
-    return UniformBatches(plan, held, batch_size=batch_size, seed=seed, normalize=normalize,
-                          fields=fields, drop_remainder=drop_remainder)

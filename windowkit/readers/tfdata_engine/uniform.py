@@ -3,7 +3,8 @@ split's windows, batches gathered by random access.
 
 The rows are held once (:class:`windowkit.readers.numpy_engine.held.HeldRows`: in memory
 within ``memory_budget``, else spilled to a private file on local disk); each
-batch is one ``numpy_function`` call (:class:`UniformBatches`: a keyed
+chunk of batches is one ``numpy_function`` call
+(:class:`windowkit.readers.numpy_engine.batches.EpochBatches`: a keyed
 permutation, one fancy index, the batch's fields), run in parallel by
 ``map``: the gathers release the interpreter lock. Each iteration of the
 dataset reads the next epoch (:mod:`windowkit.readers.tfdata_engine.epochs`),
@@ -13,68 +14,49 @@ position is a batch number, so ``tf.train.Checkpoint`` saves it symbolically.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.readers.numpy_engine.fields import BatchFields
-from windowkit.readers.numpy_engine.held import UniformBatches, uniform_source
-from windowkit.readers.numpy_engine.order import num_batches
 from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.readers.plan import ReadPlan
+    from windowkit.readers.numpy_engine.batches import EpochBatches
 
 CHUNK_BATCHES = 8  # batches gathered by one numpy_function call
 
-EpochBatches = Callable[["tf.Tensor"], "tf.data.Dataset"]  # an epoch -> its batches
+MakeEpoch = Callable[["tf.Tensor"], "tf.data.Dataset"]  # an epoch -> its batches
 
 
-def uniform_epochs(plan: ReadPlan, *, batch_size: int, seed: int, drop_remainder: bool,
-                   normalize: bool, memory_budget: int, fields: BatchFields,
-                   spill_dir: str | os.PathLike[str] | None = None) -> EpochBatches:
-    """The plan's rows held (in memory or spilled) and a function from an
-    epoch to its uniformly shuffled batches."""
-    source = uniform_source(plan, batch_size=batch_size, seed=seed, normalize=normalize,
-                            memory_budget=memory_budget, fields=fields, spill_dir=spill_dir,
-                            drop_remainder=drop_remainder)
-    return epoch_batches(source, drop_remainder=drop_remainder)
-
-
-def uniform_dataset(source: UniformBatches, *, drop_remainder: bool, epoch: int = 0
-                    ) -> tf.data.Dataset:
-    """Epoch ``epoch`` of ``source``'s batches, as one dataset (benchmarks)."""
+def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
+    """A function from an epoch to its batches, as a ``tf.data.Dataset``: one
+    ``numpy_function`` call per chunk of ``CHUNK_BATCHES`` batches (a call
+    costs more than cutting a batch's windows), chunks in parallel, each sliced
+    into its batches in the graph. ``batches`` holds the rows."""
     import tensorflow as tf
 
-    make_epoch = epoch_batches(source, drop_remainder=drop_remainder)
-    return make_epoch(tf.constant(epoch, tf.int64)).prefetch(PREFETCH_BATCHES)
-
-
-def epoch_batches(source: UniformBatches, *, drop_remainder: bool) -> EpochBatches:
-    """``source``'s batches of an epoch as a ``tf.data.Dataset``: one
-    ``numpy_function`` call per chunk of ``CHUNK_BATCHES`` batches (a call costs
-    more than cutting a batch's windows), chunks in parallel, each sliced into
-    its batches in the graph."""
-    import tensorflow as tf
-
-    batch_size, total = source.batch_size, source.num_windows
-    batches = num_batches(total, batch_size, drop_remainder)
-    windows = batches * batch_size if drop_remainder else total  # read per epoch
+    batches.hold()
+    batch_size = batches.batch_size
     chunk = CHUNK_BATCHES * batch_size
-    probe = source.windows(0, 0, 1)  # the batches' structure and dtypes
+    probe = batches.windows_at(0, np.zeros(1, dtype=np.int64))  # structure and dtypes
     flat_probe = tf.nest.flatten(probe)
     dtypes = [tf.as_dtype(np.asarray(part).dtype) for part in flat_probe]
     shapes = [tf.TensorShape([None, *np.shape(part)[1:]]) for part in flat_probe]
-    full = drop_remainder or total % batch_size == 0  # every batch whole
+    total = batches.windows_per_epoch
+    full = batches.batch.drop_remainder or total % batch_size == 0  # every batch whole
     batch_shapes = [tf.TensorShape([batch_size if full else None, *shape[1:]])
                     for shape in shapes]
 
+    # windows read an epoch
+    windows = (batches.batches_per_epoch * batch_size if batches.batch.drop_remainder
+               else total)
+
     def cut_chunk(epoch: Any, lo: Any) -> list[np.ndarray]:  # the chunk's windows, cut
-        part = source.windows(int(epoch), int(lo), min(int(lo) + chunk, windows))
+        hi = min(int(lo) + chunk, windows)
+        part = batches.windows_at(int(epoch), np.arange(int(lo), hi, dtype=np.int64))
         return [np.asarray(array) for array in tf.nest.flatten(part)]
 
     def batch_at(flat: tuple[tf.Tensor, ...], lo: tf.Tensor) -> Any:
@@ -96,7 +78,15 @@ def epoch_batches(source: UniformBatches, *, drop_remainder: bool) -> EpochBatch
 
     def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
         chunks = tf.data.Dataset.range(0, windows, chunk)
-        return chunks.map(lambda lo: load(lo, epoch), num_parallel_calls=tf.data.AUTOTUNE,
+        return chunks.map(lambda lo: load(lo, epoch),
+                          num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True).flat_map(chunk_batches)
 
     return one_epoch
+
+
+def uniform_dataset(batches: EpochBatches, epoch: int = 0) -> tf.data.Dataset:
+    """Epoch ``epoch`` of ``batches``, as one dataset (benchmarks)."""
+    import tensorflow as tf
+
+    return uniform_epochs(batches)(tf.constant(epoch, tf.int64)).prefetch(PREFETCH_BATCHES)
