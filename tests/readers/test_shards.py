@@ -131,3 +131,42 @@ def test_a_position_saved_on_4_shards_resumes_on_2(tmp_path: Path, fmt: str,
         assert len(together) == len(np.unique(together)) == total, shuffle
         with pytest.raises(wk.InvalidSpecError, match=r"seed=4.*seed=5"):
             make(2, 0, seed=5).resume(position)
+
+
+def test_tf_epochs_follow_iterators_repeat_set_epoch_and_strategies(tmp_path: Path) -> None:
+    """tf.data epochs are numbered as in every reader: each iterator the next
+    epoch, ``repeat`` the following ones, ``set_epoch`` sets them, also for a
+    distribution strategy's iterators, and Keras ``fit`` follows its epochs."""
+    import keras
+    import tensorflow as tf
+
+    store = wk.convert(numbered_series([400, 150], features=1), tmp_path / "s",
+                       format="parquet", window=SPEC, block_rows=64)
+    ref = store.keras_dataset("train", 16, seed=2)
+
+    def keras_epoch(epoch: int) -> np.ndarray:
+        ref.epoch = epoch
+        return np.concatenate([_firsts(ref[b][0]) for b in range(len(ref))])
+
+    ds = store.tf_dataset("train", 16, seed=2, epoch=3)
+    for epoch in (3, 4):
+        np.testing.assert_array_equal(_firsts(collect_epoch(ds)[0]), keras_epoch(epoch))
+    both = np.concatenate([_firsts(x) for x, _ in ds.repeat(2)])
+    np.testing.assert_array_equal(both, np.concatenate([keras_epoch(5), keras_epoch(6)]))
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        x, _ = next(iter(strategy.experimental_distribute_dataset(ds)))
+        np.testing.assert_array_equal(_firsts(x), keras_epoch(epoch)[:16])
+    seen = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            seen.append(int(ds.epoch_counter.current().numpy()))
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6, 1)), keras.layers.Flatten(),
+                                  keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(ds, epochs=3, initial_epoch=1, verbose=0, callbacks=[ds.epoch_callback(), Spy()])
+    assert sorted(set(seen)) == [1, 2]

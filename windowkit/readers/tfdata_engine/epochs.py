@@ -17,7 +17,8 @@ at every element of a pipeline holding a function that writes).
 restoring it sets the table before the position is restored (which reads it).
 Iterations the dataset does not make itself (a distribution strategy's
 distributed dataset, iterating inside a ``tf.function``) read the epoch last
-set: call ``set_epoch`` before each epoch there.
+set: call ``set_epoch`` before each epoch there, or give Keras ``fit`` the
+dataset's ``epoch_callback()``.
 """
 
 from __future__ import annotations
@@ -125,6 +126,20 @@ def epoched(build: Build, counter: EpochCounter, epochs: int | None = 1) -> tf.d
             """The next iteration reads epoch ``epoch`` (then ``epoch + 1``, ...)."""
             counter.set(epoch)
             counter.next = epoch
+
+        def epoch_callback(self) -> Any:
+            """A Keras callback that sets the epoch ``fit`` is in before each
+            epoch (also under a distribution strategy, and after ``fit``
+            resumes at ``initial_epoch``)."""
+            import keras
+
+            dataset = self
+
+            class FollowEpochs(keras.callbacks.Callback):
+                def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+                    dataset.set_epoch(epoch)
+
+            return FollowEpochs()
 
         def repeat(self, count: Any = None, name: str | None = None) -> tf.data.Dataset:
             """Epoch after epoch: ``count`` epochs (``None`` or -1: without end)
