@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 Batch = Any  # x, (x, y), or with fields a dict x (windowkit.readers.numpy_engine.fields)
 
 # built per process, never pickled; "_held" is kept by forked workers (shared rows)
-_PROCESS_LOCAL = ("_lock", "_pid", "_local", "_checked_epoch")
+_PROCESS_LOCAL = ("_lock", "_pid", "_local", "_checked_epoch", "_resumed_sequence")
 #: what a saved position must match to be resumed (the batch size may change:
 #: a position counts windows)
 _POSITION_KEYS = ("store_id", "split", "seed", "shuffle", "mode")
@@ -95,6 +95,7 @@ class EpochBatches:
         self._pid = os.getpid()
         self._local: _Local | None = None
         self._checked_epoch: int | None = None
+        self._resumed_sequence: ShardSequence | None = None  # the resumed epoch's, cached
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()
@@ -178,10 +179,15 @@ class EpochBatches:
             return self._local
 
     def _sequence(self, local: _Local, epoch: int) -> ShardSequence:
+        """The plan's sequence of epoch ``epoch`` (its own one if resumed part-way)."""
         resumed = self._resumed
         if resumed is None or resumed.epoch != epoch:
             return local.sequence
-        return ShardSequence(resumed.share, local.full, ordered=local.sequence.ordered)
+        sequence = self._resumed_sequence
+        if sequence is None or sequence.share is not resumed.share:
+            sequence = ShardSequence(resumed.share, local.full, ordered=local.sequence.ordered)
+            self._resumed_sequence = sequence
+        return sequence
 
     def _check_store(self, epoch: int) -> None:
         """Once per epoch: a replaced store is an error, even for rows already held."""
