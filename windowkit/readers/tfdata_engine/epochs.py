@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tensorflow.python.data.ops import dataset_ops, iterator_ops
+
 from windowkit.errors import check_int
 
 if TYPE_CHECKING:
@@ -89,73 +91,75 @@ Build = Callable[[EpochCounter, "int | None"], "tf.data.Dataset"]  # (counter, e
 
 def epoched(build: Build, counter: EpochCounter, epochs: int | None = 1) -> tf.data.Dataset:
     """``build(counter, epochs)`` as an :class:`EpochedDataset`."""
-    from tensorflow.python.data.ops import dataset_ops, iterator_ops
+    return EpochedDataset(build, counter, epochs)
 
-    class EpochIterator(iterator_ops.OwnedIterator):
-        """An iterator starting at one epoch, whose checkpoint holds that epoch."""
 
-        def __init__(self, dataset: tf.data.Dataset, epoch: int) -> None:
-            self.windowkit_epoch = epoch
-            super().__init__(dataset)
+class EpochIterator(iterator_ops.OwnedIterator):
+    """An iterator starting at one epoch, whose checkpoint holds that epoch."""
 
-        def _serialize_to_tensors(self) -> dict[str, Any]:
-            import tensorflow as tf
+    def __init__(self, dataset: EpochedDataset, epoch: int) -> None:
+        self.windowkit_epoch = epoch
+        self._counter = dataset.epoch_counter
+        super().__init__(dataset)
 
-            tensors = dict(super()._serialize_to_tensors())
-            tensors[_EPOCH_KEY] = tf.constant(self.windowkit_epoch, tf.int64)
-            return tensors
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        import tensorflow as tf
 
-        def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
-            restored = dict(restored_tensors)
-            epoch = restored.pop(_EPOCH_KEY, None)
-            if epoch is not None:
-                self.windowkit_epoch = int(epoch)
-                counter.set(self.windowkit_epoch)
-            return super()._restore_from_tensors(restored)
+        tensors = dict(super()._serialize_to_tensors())
+        tensors[_EPOCH_KEY] = tf.constant(self.windowkit_epoch, tf.int64)
+        return tensors
 
-    class EpochedDataset(dataset_ops.UnaryUnchangedStructureDataset):
-        """A reader's dataset: each iterator it makes reads the next epoch;
-        ``repeat`` goes on through the epochs after it."""
+    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
+        restored = dict(restored_tensors)
+        epoch = restored.pop(_EPOCH_KEY, None)
+        if epoch is not None:
+            self.windowkit_epoch = int(epoch)
+            self._counter.set(self.windowkit_epoch)
+        return super()._restore_from_tensors(restored)
 
-        def __init__(self) -> None:
-            self.epoch_counter = counter
-            dataset = build(counter, epochs)
-            super().__init__(dataset, dataset._variant_tensor)
 
-        def set_epoch(self, epoch: int) -> None:
-            """The next iteration reads epoch ``epoch`` (then ``epoch + 1``, ...)."""
-            counter.set(epoch)
-            counter.next = epoch
+class EpochedDataset(dataset_ops.UnaryUnchangedStructureDataset):
+    """A reader's dataset: each iterator it makes reads the next epoch;
+    ``repeat`` goes on through the epochs after it."""
 
-        def epoch_callback(self) -> Any:
-            """A Keras callback that sets the epoch ``fit`` is in before each
-            epoch (also under a distribution strategy, and after ``fit``
-            resumes at ``initial_epoch``)."""
-            import keras
+    def __init__(self, build: Build, counter: EpochCounter, epochs: int | None) -> None:
+        self.epoch_counter, self._build, self._epochs = counter, build, epochs
+        dataset = build(counter, epochs)
+        super().__init__(dataset, dataset._variant_tensor)
 
-            dataset = self
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration reads epoch ``epoch`` (then ``epoch + 1``, ...)."""
+        self.epoch_counter.set(epoch)
+        self.epoch_counter.next = epoch
 
-            class FollowEpochs(keras.callbacks.Callback):
-                def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-                    dataset.set_epoch(epoch)
+    def epoch_callback(self) -> Any:
+        """A Keras callback that sets the epoch ``fit`` is in before each epoch
+        (also under a distribution strategy, and after ``fit`` resumes at
+        ``initial_epoch``)."""
+        import keras
 
-            return FollowEpochs()
+        dataset = self
 
-        def repeat(self, count: Any = None, name: str | None = None) -> tf.data.Dataset:
-            """Epoch after epoch: ``count`` epochs (``None`` or -1: without end)
-            from the one the iteration starts at, each in its own order."""
-            if epochs != 1 or name is not None or not (
-                    count is None or (isinstance(count, int) and count >= -1)):
-                return super().repeat(count, name)
-            if count == 0:
-                return super().repeat(0)
-            return epoched(build, counter, None if count in (None, -1) else count)
+        class FollowEpochs(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+                dataset.set_epoch(epoch)
 
-        def __iter__(self) -> Any:
-            import tensorflow as tf
+        return FollowEpochs()
 
-            if tf.inside_function():
-                return super().__iter__()
-            return EpochIterator(self, counter.take(epochs))
+    def repeat(self, count: Any = None, name: str | None = None) -> tf.data.Dataset:
+        """Epoch after epoch: ``count`` epochs (``None`` or -1: without end)
+        from the one the iteration starts at, each in its own order."""
+        if self._epochs != 1 or name is not None or not (
+                count is None or (isinstance(count, int) and count >= -1)):
+            return super().repeat(count, name)
+        if count == 0:
+            return super().repeat(0)
+        return EpochedDataset(self._build, self.epoch_counter,
+                              None if count in (None, -1) else count)
 
-    return EpochedDataset()
+    def __iter__(self) -> Any:
+        import tensorflow as tf
+
+        if tf.inside_function():
+            return super().__iter__()
+        return EpochIterator(self, self.epoch_counter.take(self._epochs))
