@@ -189,3 +189,21 @@ def test_xxh3_in_the_graph_is_xxhashs() -> None:
         dynamic = traced[length_class(length)](units, tf.constant(length, tf.int64),
                                                tf.constant(seeds))
         assert dynamic.numpy().tolist() == want, length
+
+
+def test_a_store_whose_first_record_never_comes_is_one_error(tmp_path: Path) -> None:
+    """The first record's length field flipped in a one-part store: no record
+    arrives at all, and the graph path still names the record (its message
+    builder has no failing record to point at, only the one missing)."""
+    store = wk.convert([np.arange(600, dtype=np.float32).reshape(300, 2)], tmp_path / "s",
+                       format="tfrecord", window=8)
+    part = sorted((tmp_path / "s" / "data").glob("*.tfrecord"))
+    assert len(part) == 1
+    blob = bytearray(part[0].read_bytes())
+    blob[2] ^= 0xFF  # the first record's length: its reader stops before any record
+    part[0].write_bytes(bytes(blob))
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        for _ in store.tf_dataset("train", 16, shuffle=False):
+            pass
+    error = carried_error(caught.value)
+    assert isinstance(error, wk.StoreError) and "record 0 at byte 0" in str(error)

@@ -341,7 +341,8 @@ def record_problem() -> Any:
                 ) -> Any:
         came = tf.shape(failed, out_type=tf.int64)[0]
         bad = tf.reduce_any(failed, 1)
-        i = tf.where(tf.reduce_any(bad), tf.argmax(bad), came)  # the first failing record
+        # the first failing record, else `came` (none came, or all that came are good)
+        i = tf.argmax(tf.concat([bad, [True]], 0))
 
         def at_i(table: Any, pad: Any) -> Any:  # row i (came: the padding)
             return tf.concat([table, tf.cast(tf.fill([1, tf.shape(table)[1]], pad),
