@@ -23,8 +23,9 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 
-#: epoch positions evaluated at once while restricting an epoch's order to a shard
-SEQUENCE_CHUNK = 1 << 20
+#: epoch positions evaluated at once while restricting an epoch's order to a
+#: shard (small: the temporaries of a chunk are what restricting costs in memory)
+SEQUENCE_CHUNK = 1 << 18
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,21 +129,28 @@ class ShardSequence:
         where = np.minimum(where, share.size - 1)
         if self.ordered:
             return share.lo + where if share.owned is None else share.owned[where]
-        return self.sequence(epoch)[where]
+        return self.sequence(epoch)[where].astype(np.int64)
 
     def sequence(self, epoch: int) -> np.ndarray:
-        """Every window of the shard in epoch ``epoch``'s order (cached for one epoch)."""
+        """Every window of the shard in epoch ``epoch``'s order (cached for one
+        epoch; int32 where the split's positions fit, half the memory)."""
         with self._lock:
             cached = self._cached
             if cached is not None and cached[0] == epoch:
                 return cached[1]
             total = self.share.total
-            pieces = []
+            sequence = np.empty(self.share.size,
+                                dtype=np.int32 if total < 2**31 else np.int64)
+            filled = 0
             for first in range(0, total, SEQUENCE_CHUNK):
                 order = self._full(epoch, np.arange(first, min(first + SEQUENCE_CHUNK, total),
                                                     dtype=np.int64))
-                pieces.append(order[self.share.owns(order)])
-            sequence = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+                mine = order[self.share.owns(order)]
+                sequence[filled:filled + len(mine)] = mine
+                filled += len(mine)
+            if filled != len(sequence):
+                raise AssertionError(f"a shard's order held {filled} windows, "
+                                     f"expected {len(sequence)}")
             self._cached = (epoch, sequence)
             return sequence
 
