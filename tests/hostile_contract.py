@@ -22,6 +22,7 @@ sizes and SHA-256 recomputed, as someone forging a store would.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -187,6 +188,30 @@ def _keras(path: Path) -> Any:
 
 def _tf(path: Path) -> Any:
     return collect_epoch(wk.open_store(path).tf_dataset("train", 16, shuffle=False))
+
+
+def _tf_numpy_path(path: Path) -> Any:
+    """:func:`_tf` with its groups read by the format's Python row reader."""
+    import windowkit.readers.tf as tf_reader
+
+    original = tf_reader.tf_dataset
+    tf_reader.tf_dataset = functools.partial(original, graph_reads=False)  # type: ignore[assignment]
+    try:
+        return _tf(path)
+    finally:
+        tf_reader.tf_dataset = original  # type: ignore[assignment]
+
+
+def assert_graph_path_agrees(root: Path, want: dict[str, Any]) -> None:
+    """``tf_dataset`` on the graph path and on the NumPy path (the format's
+    Python row reader): the same pristine windows, or the same one line."""
+    graph, numpy = _attempt(_tf, root), _attempt(_tf_numpy_path, root)
+    assert graph[0] == numpy[0], (graph, numpy)
+    if graph[0] == "ok":
+        assert _same(graph[1], want["tf"][1]), "other windows than the store's"
+    else:
+        assert type(graph[1]) is type(numpy[1]) and str(graph[1]) == str(numpy[1]), (
+            str(graph[1]), str(numpy[1]))
 
 
 def _all_readers(path: Path, *, tf: bool) -> dict[str, Any]:

@@ -7,7 +7,8 @@ index table must pass the checks readers apply (columns and types, each window
 inside its series and its split's rows, of the store's length, sorted, each
 once); and every storage block is decoded through the format's row reader, so
 that its own checks (codec checksums, the block's digest, its rows' series and
-positions) run on all of it (``fast=True`` skips the decoding). Nothing is
+positions) run on all of it, and on every halo (the rows after a block that
+its windows reach) as readers read it (``fast=True`` skips the decoding). Nothing is
 written, and no link is followed.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from windowkit._progress import progress_bar
 from windowkit._walk import walk_files
@@ -23,6 +24,11 @@ from windowkit.errors import NotAStoreError, StoreError, WindowkitError
 from windowkit.formats import get_format
 from windowkit.location import is_remote, list_objects, resolve
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
+
+if TYPE_CHECKING:
+    from windowkit.store import Store
+
+DECODED_BYTES = 64 << 20  # rows decoded at a time
 
 
 def _walk(root: Path) -> list[tuple[str, bool]]:
@@ -102,10 +108,17 @@ def _check_tables(root: Path, manifest: Manifest, *, progress: bool, decode: boo
         store.runs(split)  # every entry checked, and the count
     store.static_values  # noqa: B018 -- checks the static features
     if decode:
-        reader = store.row_reader()
-        step = manifest.block_rows
-        with progress_bar(total=manifest.total_rows, desc="decode", enabled=progress) as bar:
-            for start in range(0, manifest.total_rows, step):
-                stop = min(start + step, manifest.total_rows)
-                reader.read_rows(start, stop)
-                bar.update(stop - start)
+        _decode_all(store, manifest.total_rows, progress)
+
+
+def _decode_all(store: Store, total: int, progress: bool) -> None:
+    """Every block decoded and checked, with the halo after it: a read of
+    several blocks that goes on into the next block's head, so that the rows a
+    window reaches past its block are checked as a reader checks them."""
+    reader, layout, halo = store.row_reader(), store.layout, store.spec.span - 1
+    step = layout.block_rows * max(1, DECODED_BYTES // max(1, layout.block_rows * layout.row_bytes))
+    with progress_bar(total=total, desc="decode", enabled=progress) as bar:
+        for start in range(0, total, step):
+            stop = min(start + step, total)
+            reader.read_rows(start, min(total, stop + halo))
+            bar.update(stop - start)

@@ -17,7 +17,14 @@ import windowkit as wk
 from tests.conftest import collect_epoch, oracle_windows
 from tests.format_contract import FormatTests
 from tests.helpers import random_series
-from tests.hostile_contract import HostileStoreTests, convert_block_store, expect_errors
+from tests.hostile_contract import (
+    MUTATIONS,
+    HostileStoreTests,
+    assert_graph_path_agrees,
+    convert_block_store,
+    expect_errors,
+    mutated,
+)
 
 
 def _read_without_windowkit(data_dir: Path, compression: str = "") -> list[dict]:
@@ -175,3 +182,12 @@ class TestTFRecord(FormatTests, HostileStoreTests):
 
     format_name = "tfrecord"
     reads_groups_in_graph = True
+
+    @pytest.mark.parametrize("name", list(MUTATIONS))
+    def test_the_graph_path_refuses_what_the_numpy_path_refuses(
+            self, hostile_pristine: dict[str, tuple[Path, dict]], tmp_path: Path, name: str,
+            fmt: str) -> None:
+        """Every hostile store through ``tf_dataset``'s graph path and its NumPy
+        path: the pristine windows from both, or the same line from both."""
+        root, want = mutated(hostile_pristine, tmp_path, name, fmt)
+        assert_graph_path_agrees(root, want)

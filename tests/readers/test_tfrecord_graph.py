@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
@@ -33,6 +34,7 @@ from windowkit.formats.tfrecord_io import (
     unframe_record,
 )
 from windowkit.readers.tfdata_engine.xxh3 import length_class, xxh3_64
+from windowkit.verify import verify_store
 
 SPEC = wk.WindowSpec(6, stride=2, horizon=3)
 KNOWN, TARGETS = [1], [2]
@@ -140,7 +142,8 @@ def test_a_damaged_record_is_an_error_not_other_windows(store: wk.Store,
         _epoch(_dataset(wk.open_store(copy), shuffle=False))
     error = carried_error(caught.value)
     assert isinstance(error, wk.StoreError), caught.value
-    assert f"{part}: record 3 at byte {records['offset'][3]}: fails its CRC check" in str(error)
+    assert str(error) == (f"{part}: record 3 at byte {records['offset'][3]}: record data fails "
+                          "its CRC check")
 
 
 @pytest.mark.parametrize("hashed_bytes", [digests.HASHED_BYTES, 1], ids=["group", "one-block"])
@@ -192,18 +195,189 @@ def test_xxh3_in_the_graph_is_xxhashs() -> None:
 
 
 def test_a_store_whose_first_record_never_comes_is_one_error(tmp_path: Path) -> None:
-    """The first record's length field flipped in a one-part store: no record
-    arrives at all, and the graph path still names the record (its message
-    builder has no failing record to point at, only the one missing)."""
+    """The first record's length field flipped in a one-part store: refused
+    before TensorFlow's reader reads it, in the Python reader's words."""
     store = wk.convert([np.arange(600, dtype=np.float32).reshape(300, 2)], tmp_path / "s",
                        format="tfrecord", window=8)
     part = sorted((tmp_path / "s" / "data").glob("*.tfrecord"))
     assert len(part) == 1
     blob = bytearray(part[0].read_bytes())
-    blob[2] ^= 0xFF  # the first record's length: its reader stops before any record
+    blob[2] ^= 0xFF  # the first record's length: its reader would stop before any record
     part[0].write_bytes(bytes(blob))
-    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
-        for _ in store.tf_dataset("train", 16, shuffle=False):
-            pass
-    error = carried_error(caught.value)
-    assert isinstance(error, wk.StoreError) and "record 0 at byte 0" in str(error)
+    assert _error_line(store) == _error_line(store, numpy_path=True) == (
+        f"{part[0]}: record 0 at byte 0: record length fails its CRC check")
+
+
+# -- damage the records' CRCs cannot see: both paths refuse it, in the same words --------------
+HALO_SPEC = wk.WindowSpec(8, horizon=2)
+
+
+@pytest.fixture(scope="module")
+def halo_store(tmp_path_factory: pytest.TempPathFactory) -> wk.Store:
+    """Series of 36 and 60 rows in blocks of 32: record 0 ends with a 4-row halo
+    cut short by the end of series 0 (rows 32..35, the head of block 1)."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=(n, 3)).astype(np.float32) for n in (36, 60)]
+    return wk.convert(arrays, tmp_path_factory.mktemp("halo") / "s", format="tfrecord",
+                      window=HALO_SPEC, block_rows=32, parts=1)
+
+
+def _error_line(store: wk.Store, *, numpy_path: bool = False, **options: Any) -> str:
+    """The one line ``tf_dataset`` gives for ``store`` (built and read an epoch)."""
+    try:
+        _epoch(_dataset(wk.open_store(store.path), numpy_path=numpy_path, **options))
+    except Exception as exc:
+        error = carried_error(exc)
+        assert isinstance(error, wk.StoreError), repr(exc)[:2000]
+        assert "\n" not in str(error)
+        return str(error)
+    raise AssertionError("read the damaged store without an error")
+
+
+def _edit_record(path: Path, record: int, edit: Any) -> None:
+    """Record ``record`` of a one-part store given other rows (``edit(rows)``),
+    its CRCs made right and the manifest's checksums recomputed."""
+    from tests.hostile_contract import _rehash
+
+    table = pq.read_table(path / "data" / "records.parquet").to_pydict()
+    part = sorted((path / "data").glob("*.tfrecord"))[0]
+    blob = bytearray(part.read_bytes())
+    at, length = table["offset"][record], table["bytes"][record]
+    ints, data = decode_example(unframe_record(bytes(blob[at:at + length]), gzip=False))
+    rows = np.frombuffer(data["data"], dtype="<f4").reshape(-1, 3).copy()
+    edit(rows)
+    blob[at:at + length] = frame_record(encode_example(ints, {"data": rows.tobytes()}),
+                                        gzip=False)
+    part.write_bytes(bytes(blob))
+    _rehash(path)
+
+
+@pytest.mark.parametrize("shuffle", [False, True, "blocks"])
+def test_a_halo_cut_short_and_rewritten_is_refused(halo_store: wk.Store, tmp_path: Path,
+                                                   shuffle: Any) -> None:
+    """Record 0's 4 halo rows rewritten, its CRCs and the manifest made right:
+    the graph path reads block 1 too and compares; the same line as the NumPy
+    path, and ``verify`` names it."""
+    copy = wk.open_store(shutil.copytree(halo_store.path, tmp_path / "s"))
+    _edit_record(copy.path, 0, lambda rows: rows.__setitem__(slice(32, None), -7))
+    line = _error_line(copy, shuffle=shuffle, seed=1)
+    assert line == _error_line(copy, numpy_path=True, shuffle=shuffle, seed=1)
+    assert "block 1 (rows 32.." in line and "do not match the digest" in line
+    assert any("block 1" in problem for problem in verify_store(copy.path))
+
+
+def test_a_whole_halo_rewritten_is_found_by_verify(store: wk.Store, tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(store.path, tmp_path / "s"))
+    table = pq.read_table(copy / "data" / "records.parquet").to_pydict()
+    record = next(i for i, h in enumerate(table["halo"]) if h == SPEC.span - 1)
+    assert verify_store(copy) == []
+    _edit_any_record(copy, record, lambda rows: rows.__setitem__(slice(-1, None), 9.0))
+    problems = verify_store(copy)
+    assert len(problems) == 1 and "do not match the digest" in problems[0], problems
+
+
+def _edit_any_record(path: Path, record: int, edit: Any) -> None:
+    """:func:`_edit_record` in a store of several parts and 4 columns."""
+    from tests.hostile_contract import _rehash
+
+    table = pq.read_table(path / "data" / "records.parquet").to_pydict()
+    manifest = wk.open_store(path).manifest
+    part = path / manifest.data["shards"][table["shard"][record]]["path"]
+    blob = bytearray(part.read_bytes())
+    at, length = table["offset"][record], table["bytes"][record]
+    ints, data = decode_example(unframe_record(bytes(blob[at:at + length]), gzip=False))
+    rows = np.frombuffer(data["data"], dtype="<f4").reshape(-1, 4).copy()
+    edit(rows)
+    blob[at:at + length] = frame_record(encode_example(ints, {"data": rows.tobytes()}),
+                                        gzip=False)
+    part.write_bytes(bytes(blob))
+    _rehash(path)
+
+
+@pytest.fixture(scope="module")
+def even_store(tmp_path_factory: pytest.TempPathFactory) -> wk.Store:
+    """One series in blocks of 48 rows: records of equal sizes, in one part."""
+    rows = np.random.default_rng(9).normal(size=(480, 3)).astype(np.float32)
+    return wk.convert([rows], tmp_path_factory.mktemp("even") / "s", format="tfrecord",
+                      window=HALO_SPEC, block_rows=48, parts=1)
+
+
+def _records_moved(path: Path, order: list[int], *, offsets: bool) -> None:
+    """The records of a one-part store laid out in ``order``; the records table
+    told their new offsets where ``offsets`` (checksums recomputed either way)."""
+    from tests.hostile_contract import _rehash
+
+    table = pq.read_table(path / "data" / "records.parquet")
+    columns = table.to_pydict()
+    part = sorted((path / "data").glob("*.tfrecord"))[0]
+    blob = part.read_bytes()
+    pieces = [blob[a:a + n] for a, n in zip(columns["offset"], columns["bytes"], strict=True)]
+    moved, at = [], 0
+    new_offsets = list(columns["offset"])
+    for record in order:
+        moved.append(pieces[record])
+        new_offsets[record] = at
+        at += len(pieces[record])
+    part.write_bytes(b"".join(moved))
+    if offsets:
+        index = table.schema.get_field_index("offset")
+        table = table.set_column(index, "offset", pa.array(new_offsets, pa.int64()))
+        pq.write_table(table, path / "data" / "records.parquet")
+    _rehash(path)
+
+
+def test_two_records_swapped_are_named_as_the_numpy_path_names_them(even_store: wk.Store,
+                                                                   tmp_path: Path) -> None:
+    copy = wk.open_store(shutil.copytree(even_store.path, tmp_path / "s"))
+    count = len(pq.read_table(copy.path / "data" / "records.parquet"))
+    _records_moved(copy.path, [1, 0, *range(2, count)], offsets=False)
+    line = _error_line(copy, shuffle=False)
+    assert line == _error_line(copy, numpy_path=True, shuffle=False)
+    assert "record 0 at byte 0: field 'record' is [1], the records table says [0]" in line
+
+
+def test_records_reordered_with_their_offsets_read_the_same_windows(even_store: wk.Store,
+                                                                    tmp_path: Path) -> None:
+    copy = wk.open_store(shutil.copytree(even_store.path, tmp_path / "s"))
+    count = len(pq.read_table(copy.path / "data" / "records.parquet"))
+    _records_moved(copy.path, list(range(count))[::-1], offsets=True)
+    _assert_same(_epoch(_dataset(copy, shuffle=False)), _epoch(_dataset(even_store,
+                                                                        shuffle=False)))
+
+
+@pytest.mark.parametrize("claim", [768 << 20, 20 << 30])
+def test_a_header_claiming_more_than_its_record_is_refused_before_any_read(
+        even_store: wk.Store, tmp_path: Path, claim: int) -> None:
+    """A record's length field rewritten (its CRC made right) to claim 768 MiB
+    or 20 GiB: refused when the dataset is built, from the records table, so
+    TensorFlow's reader (which allocates what a header claims) never reads it."""
+    from windowkit.formats.tfrecord_io import masked_crc32c
+
+    copy = wk.open_store(shutil.copytree(even_store.path, tmp_path / "s"))
+    part = sorted((copy.path / "data").glob("*.tfrecord"))[0]
+    at = pq.read_table(copy.path / "data" / "records.parquet").column("offset")[2].as_py()
+    blob = bytearray(part.read_bytes())
+    length = claim.to_bytes(8, "little")
+    blob[at:at + 12] = length + masked_crc32c(length).to_bytes(4, "little")
+    part.write_bytes(bytes(blob))
+    with pytest.raises(wk.StoreError) as caught:  # raised building, not reading
+        copy.tf_dataset("train", 32, shuffle=False)
+    assert str(caught.value) == _error_line(copy, numpy_path=True, shuffle=False)
+    assert f"record 2 at byte {at}: record holds" in str(caught.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a directory"])
+def test_a_part_cut_short_or_replaced_is_one_line(even_store: wk.Store, tmp_path: Path,
+                                                  damage: str) -> None:
+    copy = wk.open_store(shutil.copytree(even_store.path, tmp_path / "s"))
+    part = sorted((copy.path / "data").glob("*.tfrecord"))[0]
+    if damage == "truncated":
+        blob = part.read_bytes()
+        part.write_bytes(blob[:len(blob) // 2])
+        line = _error_line(copy, shuffle=False)
+        assert line == _error_line(copy, numpy_path=True, shuffle=False)
+        assert "file is truncated (" in line
+    else:
+        part.unlink()
+        part.mkdir()
+        assert str(part) in _error_line(copy, shuffle=False)

@@ -30,7 +30,9 @@ again only when a check fails).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +40,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import StoreError
-from windowkit.formats._checks import refuse_link
+from windowkit.formats._checks import ask_guard, refuse_link
 from windowkit.formats.base import ReaderSetup, graph_check, noinline, store_tag
+from windowkit.formats.tfrecord_io import (
+    HEADER_BYTES,
+    RecordError,
+    check_header,
+    unframe_record,
+)
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -48,6 +56,9 @@ RECORD_FILES_AT_ONCE = 4  # part files read from at once (pieces)
 RUNS_AT_ONCE = 4  # runs of records of a group read at once (blocks)
 READ_BUFFER_BYTES = 1 << 20  # a run's read buffer: its bytes, at most this
 _INTS = ("record", "store", "series", "row", "rows", "halo")  # int64 features checked
+#: The checks of a record (its int features, its shape, its bytes of rows) in the
+#: order the Python reader makes them: the store tag first
+_CHECK_ORDER = [1, 0, *range(2, len(_INTS) + 2)]
 
 
 def ranged_reads() -> bool:
@@ -105,10 +116,12 @@ class TFRecordGraphReader:
         GZIP part inflates from its start) and a TensorFlow with ranged reads."""
         return self._data.get("compression") != "gzip" and ranged_reads()
 
-    def blocks(self, manifest: Path) -> RecordBlocks:
-        """A reader of groups of blocks (``manifest``: the store's manifest file,
-        asked whether the store was replaced before a failure is called damage)."""
-        return RecordBlocks(self._root, self._data, self._setup, self._records, manifest)
+    def blocks(self, manifest: Path, blocks: np.ndarray) -> RecordBlocks:
+        """A reader of groups of ``blocks`` (``manifest``: the store's manifest
+        file, asked whether the store was replaced before a failure is called
+        damage)."""
+        return RecordBlocks(self._root, self._data, self._setup, self._records, manifest,
+                            blocks)
 
     def pieces(self, wanted: np.ndarray, *, shuffle: bool, seed: int) -> tf.data.Dataset:
         """``(piece, rows)`` for each piece where ``wanted`` is true, reading only
@@ -177,11 +190,17 @@ class RecordBlocks:
       digests.
 
     ``blocks`` ascend. A record never crosses a block (checked here), so each
-    block is one run of rows.
+    block is one run of rows. A group reads :meth:`with_next` of its blocks:
+    a halo cut short by the end of its series holds part of the next block's
+    head only, so that block is read too, and the halo compared with it.
+
+    Checked here, in Python, before any read: every record of the blocks
+    whole in its part, with a header whose CRC holds and whose length is the
+    records table's (TensorFlow's reader allocates what a header claims).
     """
 
     def __init__(self, root: Path, data: dict[str, Any], setup: ReaderSetup, records: Any,
-                 manifest: Path) -> None:
+                 manifest: Path, blocks: np.ndarray) -> None:
         import tensorflow as tf
 
         layout, table = setup.rows, records
@@ -193,12 +212,16 @@ class RecordBlocks:
         paths = [root / part["path"] for part in data["shards"]]
         for path in paths:
             refuse_link(path)
+        every = np.arange(layout.num_blocks)
+        first = np.searchsorted(block_of, every)
+        count = np.searchsorted(block_of, every, side="right") - first
+        self.short_halos = _short_halos(table, first + count - 1, count, setup)
+        self.read_blocks = np.union1d(blocks, blocks[self.short_halos[blocks]] + 1)
+        check_headers(paths, table, np.flatnonzero(np.isin(block_of, self.read_blocks)), setup)
         setup.check_store()  # the parts seen are this store's
-        blocks = np.arange(layout.num_blocks)
-        first = np.searchsorted(block_of, blocks)
         self._first = tf.constant(first, tf.int64)
-        self._count = tf.constant(np.searchsorted(block_of, blocks, side="right") - first,
-                                  tf.int64)
+        self._count = tf.constant(count, tf.int64)
+        self._short = tf.constant(self.short_halos)
         self._table = {name: tf.constant(table[name], tf.int64)
                        for name in ("shard", "offset", "bytes", *_INTS[2:])}
         self._paths = tf.constant([str(p) for p in paths])
@@ -220,6 +243,13 @@ class RecordBlocks:
         return _where(record, tf.gather(self._paths, tf.gather(self._table["shard"], record)),
                       tf.gather(self._table["offset"], record))
 
+    def with_next(self, blocks: tf.Tensor) -> tf.Tensor:
+        """``blocks`` (ascending) and the block after each whose halo is cut short."""
+        import tensorflow as tf
+
+        extra = tf.boolean_mask(blocks + 1, tf.gather(self._short, blocks))
+        return tf.unique(tf.sort(tf.concat([blocks, extra], 0))).y
+
     def _records(self, blocks: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """The records of ``blocks`` (ascending), and how many each block has."""
         import tensorflow as tf
@@ -235,9 +265,11 @@ class RecordBlocks:
 
         records, _ = self._records(blocks)
         part = tf.gather(self._table["shard"], records)
+        offset, size = (tf.gather(self._table[name], records) for name in ("offset", "bytes"))
         new = tf.reduce_any(tf.stack([  # where a run starts
             tf.not_equal(records, tf.roll(records, 1, 0) + 1),
             tf.not_equal(part, tf.roll(part, 1, 0)),
+            tf.not_equal(offset, tf.roll(offset + size, 1, 0)),
             tf.equal(tf.range(tf.size(records, out_type=tf.int64)), 0)]), 0)
         run = tf.cumsum(tf.cast(new, tf.int64)) - 1
         starts = tf.reshape(tf.where(new), [-1])
@@ -245,9 +277,8 @@ class RecordBlocks:
         count = tf.math.unsorted_segment_sum(tf.ones_like(records), run, tf.size(starts))
         source = tf.data.Dataset.from_tensor_slices((
             tf.gather(self._patterns, heads), tf.gather(self._paths, heads),
-            tf.gather(self._table["offset"], tf.gather(records, starts)), count,
-            tf.math.unsorted_segment_sum(tf.gather(self._table["bytes"], records), run,
-                                         tf.size(starts))))
+            tf.gather(offset, starts), count,
+            tf.math.unsorted_segment_sum(size, run, tf.size(starts))))
         # a run's records one after the other (block_length: the longest run), the
         # next runs read meanwhile
         return source.interleave(
@@ -297,7 +328,9 @@ class RecordBlocks:
                             tf.equal(tf.size(stored), tf.size(records)))
         rows = self._setup.rows
         check = self.check(ok, lambda: record_problem()(
-            records, found, expected, length, failed, self._table["shard"],
+            records, tf.equal(tf.strings.length(stored), 0), found, expected, length, failed,
+            got["shape"].flat_values, tf.cast(got["shape"].row_splits, tf.int64),
+            self._table["shard"],
             self._table["offset"], self._table["bytes"], self._paths, self._patterns,
             f"{list(rows.step_shape)}", f" rows of {rows.cells} {rows.dtype} values"))
         with tf.control_dependencies([check]):
@@ -310,13 +343,104 @@ def _run(pattern: tf.Tensor, path: tf.Tensor, offset: tf.Tensor, count: tf.Tenso
 
     A record failing TensorFlow's checks (a CRC, a truncated file) ends the run
     (``ignore_errors``: its reader moves past the file), so that the caller
-    names it. A part that cannot be opened would be tried again forever: a
-    missing part is not read at all (the caller names it too)."""
+    names it: an empty string stands in for it and every record after it. A
+    part that cannot be opened would be tried again forever: a missing part is
+    not read at all (the caller names it too)."""
     import tensorflow as tf
 
     there = tf.size(tf.io.matching_files(pattern)) > 0
-    return _records_from(path, offset, tf.minimum(size, READ_BUFFER_BYTES)).take(
+    came = _records_from(path, offset, tf.minimum(size, READ_BUFFER_BYTES)).take(
         tf.where(there, count, 0)).ignore_errors(log_warning=False)
+    return came.concatenate(tf.data.Dataset.from_tensors(tf.constant("")).repeat()).take(count)
+
+
+def _short_halos(table: Any, last: np.ndarray, count: np.ndarray, setup: ReaderSetup
+                 ) -> np.ndarray:
+    """Whether each block's halo (its last record's) is cut short by the end
+    of its series: it holds part of the next block's head only, which the
+    head's digest cannot check."""
+    layout = setup.rows
+    halo = np.where(count > 0, table["halo"][np.maximum(last, 0)], 0)
+    rows = np.minimum(layout.block_rows,
+                      layout.total_rows - np.arange(layout.num_blocks) * layout.block_rows)
+    head = np.minimum(setup.span - 1, np.append(rows[1:], 0))  # the next block's
+    return np.asarray((halo > 0) & (halo < head), dtype=bool)
+
+
+def check_headers(paths: list[Path], table: Any, records: np.ndarray, setup: ReaderSetup
+                  ) -> None:
+    """Each of ``records`` (ascending) whole in its part, its header's CRC
+    holding and its length the records table's: one 12-byte read a record, so
+    that no claim of a header is ever allocated. A failure is the line the
+    Python reader gives for the first record it would refuse: the first
+    failing header, unless the data of a record before it fails its CRC."""
+    part, offset, size = table["shard"], table["offset"], table["bytes"]
+    parts = [int(p) for p in np.unique(part[records])]
+    with _PartFiles(paths, parts, setup) as files:
+        bad = min((found for number in parts if (found := files.first_bad_header(
+            number, records[part[records] == number], offset, size)) is not None),
+            default=None)
+        if bad is None:
+            return
+        for record in records[records < bad[0]]:  # the Python reader reads these first
+            stored = files.read(int(part[record]), int(offset[record]), int(size[record]))
+            try:
+                unframe_record(stored, gzip=False)
+            except RecordError as exc:
+                bad = (int(record), str(exc))
+                break
+    ask_guard(setup)  # a replaced store says so, never "corrupt"
+    record = bad[0]
+    raise StoreError(f"{paths[int(part[record])]}: record {record} at byte "
+                     f"{int(offset[record])}: {bad[1]}")
+
+
+class _PartFiles:
+    """The parts of a store opened for reading (not following a link, never
+    waiting on a FIFO), each a regular file, for :func:`check_headers`."""
+
+    def __init__(self, paths: list[Path], parts: list[int], setup: ReaderSetup) -> None:
+        self._paths, self._parts, self._setup = paths, parts, setup
+        self._files: dict[int, tuple[int, int]] = {}  # part: (descriptor, bytes)
+
+    def __enter__(self) -> _PartFiles:
+        for number in self._parts:
+            path = self._paths[number]
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError as exc:
+                self.__exit__()
+                ask_guard(self._setup)  # a replaced store says so, never "missing"
+                raise StoreError(f"{path}: cannot read part ({exc})") from exc
+            self._files[number] = (fd, os.fstat(fd).st_size)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.__exit__()
+                raise StoreError(f"{path}: is not a regular file (refused)")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for fd, _size in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+    def read(self, number: int, at: int, size: int) -> bytes:
+        return os.pread(self._files[number][0], size, at)
+
+    def first_bad_header(self, number: int, records: np.ndarray, offset: np.ndarray,
+                         size: np.ndarray) -> tuple[int, str] | None:
+        """The first of ``records`` (in part ``number``) that is not whole in the
+        part or whose header fails, and why; None if none."""
+        fd, file_bytes = self._files[number]
+        for record in records:
+            at, want = int(offset[record]), int(size[record])
+            have = min(want, max(0, file_bytes - at))
+            try:
+                if have < want:
+                    raise RecordError(f"file is truncated ({have} of {want} bytes)")
+                check_header(os.pread(fd, HEADER_BYTES, at), want)
+            except RecordError as exc:
+                return int(record), str(exc)
+        return None
 
 
 def _where(record: tf.Tensor, path: tf.Tensor, offset: tf.Tensor) -> tf.Tensor:
@@ -329,16 +453,16 @@ def _where(record: tf.Tensor, path: tf.Tensor, offset: tf.Tensor) -> tf.Tensor:
 
 @cache
 def record_problem() -> Any:
-    """``problem(records, found, expected, length, failed, *table, shape, values)``:
-    what is wrong with the first record that failed a check (``failed``:
-    ``[records that came, checks]``), or that did not come: a run's reader
-    stops at a record it refuses, so the next run's records come in its place.
-    Not inlined: it is built, and runs, only on failure."""
+    """``problem(records, missing, found, expected, length, failed, *table, shape,
+    values)``: what is wrong with the first record that failed a check
+    (``failed``: ``[records, checks]``), or that did not come (``missing``: a
+    run's reader stops at a record it refuses). Not inlined: it is built, and
+    runs, only on failure."""
     import tensorflow as tf
 
-    def problem(records: Any, found: Any, expected: Any, length: Any, failed: Any, part: Any,
-                offset: Any, size: Any, paths: Any, patterns: Any, shape: Any, values: Any
-                ) -> Any:
+    def problem(records: Any, missing: Any, found: Any, expected: Any, length: Any,
+                failed: Any, shapes: Any, shape_splits: Any, part: Any, offset: Any, size: Any,
+                paths: Any, patterns: Any, shape: Any, values: Any) -> Any:
         came = tf.shape(failed, out_type=tf.int64)[0]
         bad = tf.reduce_any(failed, 1)
         # the first failing record, else `came` (none came, or all that came are good)
@@ -349,8 +473,12 @@ def record_problem() -> Any:
                                              table.dtype)], 0)[i]
 
         got, want = at_i(found, -1), at_i(expected, -1)
-        skipped = tf.logical_or(i >= came, tf.reduce_any(tf.equal(records[i + 1:], got[0])))
-        kind = tf.where(skipped, 0, 1 + tf.argmax(at_i(failed, False), output_type=tf.int32))
+        skipped = tf.logical_or(i >= came, tf.concat([missing, [True]], 0)[i])
+        # checked in the Python reader's order: the store tag, then the fields
+        order = tf.constant(_CHECK_ORDER)
+        first = tf.gather(order, tf.argmax(tf.gather(at_i(failed, False), order),
+                                           output_type=tf.int32))
+        kind = tf.where(skipped, 0, 1 + first)
         record = records[i]
         where = _where(record, tf.gather(paths, part[record]), offset[record])
         text = tf.strings.as_string
@@ -359,16 +487,18 @@ def record_problem() -> Any:
         why = tf.concat([
             [_refused(paths[part[record]], patterns[part[record]], offset[record],
                       size[record])], fields,
-            [tf.strings.join([": field 'shape' is not ", shape, ", as the store's step shape "
-                              "is"]),
+            [tf.strings.join([": field 'shape' is [", tf.strings.reduce_join(text(
+                shapes[shape_splits[i]:shape_splits[tf.minimum(i + 1, came)]]),
+                separator=", "), "], the records table says ", shape]),
              tf.strings.join([": holds ", text(tf.concat([length, [-1]], 0)[i]),
                               " bytes of rows, expected ", text(want[4] + want[5]), values])]],
             0)
         return tf.strings.join([where, why[kind]])
 
     vector, table = [None], [None, None]
-    return noinline(problem, [(tf.int64, vector), (tf.int64, table), (tf.int64, table),
-                              (tf.int64, vector), (tf.bool, table), *[(tf.int64, vector)] * 3,
+    return noinline(problem, [(tf.int64, vector), (tf.bool, vector), (tf.int64, table),
+                              (tf.int64, table),
+                              (tf.int64, vector), (tf.bool, table), *[(tf.int64, vector)] * 5,
                               (tf.string, vector), (tf.string, vector), (tf.string, []),
                               (tf.string, [])])
 
@@ -384,16 +514,34 @@ _FIELD_TEXT[0][1], _FIELD_TEXT[1][1], _FIELD_TEXT[2][1] = (
 def _refused(path: tf.Tensor, pattern: tf.Tensor, offset: tf.Tensor, size: tf.Tensor
              ) -> tf.Tensor:
     """Why TensorFlow's reader refused a record: its part is missing, or ends
-    inside it (the file is read again to tell), else it fails a CRC check (its
-    CRCs cover it all)."""
+    inside it, else its data fails its CRC check (its header was checked
+    before the read, :func:`check_headers`)."""
     import tensorflow as tf
 
     there = tf.size(tf.io.matching_files(pattern)) > 0
-    bytes_in = tf.cond(there, lambda: tf.strings.length(tf.io.read_file(path)), lambda: 0)
-    have = tf.clip_by_value(tf.cast(bytes_in, tf.int64) - offset, 0, size)
+    have = tf.cond(there, lambda: _bytes_from(path, offset, size),
+                   lambda: tf.constant(0, tf.int64))
     text = tf.strings.as_string
     return tf.where(there, tf.where(
         have < size, tf.strings.join([": file is truncated (", text(have), " of ",
                                       text(size), " bytes)"]),
-        ": fails its CRC check (TensorFlow's TFRecord reader refused it)"),
-        ": its part file is missing")
+        ": record data fails its CRC check"), ": its part file is missing")
+
+
+def _bytes_from(path: tf.Tensor, offset: tf.Tensor, most: tf.Tensor) -> tf.Tensor:
+    """How many bytes the file at ``path`` holds from byte ``offset`` on, at
+    most ``most``: a binary search of one-byte reads, never the whole file."""
+    import tensorflow as tf
+
+    def there(k: tf.Tensor) -> tf.Tensor:  # whether the file holds byte offset + k
+        byte = tf.data.FixedLengthRecordDataset(path, 1, header_bytes=offset + k).take(1)
+        return byte.ignore_errors(log_warning=False).reduce(
+            tf.constant(0, tf.int64), lambda n, _: n + 1) > 0
+
+    def halve(lo: tf.Tensor, hi: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        mid = (lo + hi + 1) // 2  # bytes [0, lo) are there; none from hi on (hi < most)
+        return tf.cond(there(mid - 1), lambda: (mid, hi), lambda: (lo, mid - 1))
+
+    lo, _ = tf.while_loop(lambda lo, hi: lo < hi, halve,
+                          (tf.constant(0, tf.int64), tf.cast(most, tf.int64)))
+    return lo

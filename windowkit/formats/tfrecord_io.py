@@ -26,6 +26,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
+HEADER_BYTES = _HEADER.size  # a record's length and its CRC, before its data
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -49,6 +50,21 @@ class RecordError(ValueError):
     """A record's bytes do not hold a valid, intact TFRecord record."""
 
 
+def check_header(header: bytes, size: int) -> int:
+    """The data length that a record's ``header`` (its first 12 bytes) gives,
+    once its CRC holds and it says the record is ``size`` bytes, as stored
+    (else ``RecordError``): what a reader checks before it reads the rest."""
+    if size < _HEADER.size + _FOOTER.size:
+        raise RecordError(f"record is truncated ({size} bytes)")
+    length, length_crc = _HEADER.unpack_from(header)
+    if masked_crc32c(header[:8]) != length_crc:
+        raise RecordError("record length fails its CRC check")
+    if size != _HEADER.size + length + _FOOTER.size:
+        raise RecordError(f"record holds {size} bytes, its header says "
+                          f"{_HEADER.size + length + _FOOTER.size}")
+    return int(length)
+
+
 def unframe_record(stored: bytes, *, gzip: bool, limit: int | None = None) -> bytes:
     """The data of one stored record, after checking both CRCs; a gzip member
     inflates into at most ``limit`` bytes of data (else ``RecordError``)."""
@@ -65,14 +81,7 @@ def unframe_record(stored: bytes, *, gzip: bool, limit: int | None = None) -> by
         if not inflate.eof:
             raise RecordError("gzip member is truncated")
         stored = raw
-    if len(stored) < _HEADER.size + _FOOTER.size:
-        raise RecordError(f"record is truncated ({len(stored)} bytes)")
-    length, length_crc = _HEADER.unpack_from(stored)
-    if masked_crc32c(stored[:8]) != length_crc:
-        raise RecordError("record length fails its CRC check")
-    if len(stored) != _HEADER.size + length + _FOOTER.size:
-        raise RecordError(f"record holds {len(stored)} bytes, its header says "
-                          f"{_HEADER.size + length + _FOOTER.size}")
+    length = check_header(stored[:_HEADER.size], len(stored))
     data = stored[_HEADER.size:_HEADER.size + length]
     (data_crc,) = _FOOTER.unpack_from(stored, _HEADER.size + length)
     if masked_crc32c(data) != data_crc:

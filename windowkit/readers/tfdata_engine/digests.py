@@ -8,8 +8,9 @@ the writer seeded it) and compared with the digest written with the store;
 a halo holding the whole head of the next block (its first ``span - 1``
 rows) is compared with that block's head digest, as the Python readers
 check the halo they read. A halo cut short by the end of its series holds
-only part of the next block's head: its rows are checked by their record's
-CRC alone. A mismatch is one windowkit error naming the block.
+only part of the next block's head: that block is read too (whole, and so
+checked), and the halo compared with its first rows. A mismatch is one
+windowkit error naming the block, in the words of the Python readers.
 
 Inputs are hashed by kind (block or head, of the last block or another: one
 length each; only the kinds the plan's blocks can hold are in the graph),
@@ -90,7 +91,8 @@ class GroupDigests:
     """Checks the blocks of a group, read as raw bytes, against their digests."""
 
     def __init__(self, plan: ReadPlan, table: np.ndarray, blocks: np.ndarray, *,
-                 check: Check, describe: Callable[[tf.Tensor], tf.Tensor]) -> None:
+                 check: Check, describe: Callable[[tf.Tensor], tf.Tensor],
+                 short_halos: np.ndarray | None = None) -> None:
         import tensorflow as tf
 
         layout = plan.layout
@@ -102,6 +104,9 @@ class GroupDigests:
         self._base = np.uint64(digest_base(plan.store.store_id, layout.dtype, layout.step_shape,
                                            layout.block_rows, self._halo))
         self._check, self._describe = check, describe
+        # whether each block's halo is cut short (read with the next block), where any is
+        self._short = (tf.constant(short_halos) if short_halos is not None
+                       and np.any(short_halos[blocks]) else None)
         self._where = plan.store.path / plan.store.data["digests"]
         heads = self._halo > 0 and len(blocks) > 0
         # (head?, of the last block?, rows) of each kind the blocks can hold
@@ -114,10 +119,11 @@ class GroupDigests:
                        if there]
 
     def checked(self, rows: tf.Tensor, raw: tf.Tensor, blocks: tf.Tensor, offsets: tf.Tensor,
-                halos: tf.Tensor) -> tf.Tensor:
+                halos: tf.Tensor, asked: tf.Tensor | None = None) -> tf.Tensor:
         """``rows``, once the blocks in ``raw`` (block ``blocks[i]`` from row
         ``offsets[i]``, then ``halos[i]`` rows of the next block) match their
-        digests."""
+        digests (``asked``: the blocks of the group, without those read to
+        check a halo cut short; default ``blocks``)."""
         import tensorflow as tf
 
         size = self._block_rows(blocks)
@@ -131,6 +137,32 @@ class GroupDigests:
         head = tf.range(tf.size(block)) >= tf.size(blocks)
         match = self._matches(raw, block, start, head)
         check = self._check(tf.reduce_all(match), lambda: self._problem(block, head, match))
+        with tf.control_dependencies([check]):
+            if self._short is None:
+                return tf.identity(rows)
+            return self._halos_checked(rows, raw, blocks, offsets, halos,
+                                       blocks if asked is None else asked)
+
+    def _halos_checked(self, rows: tf.Tensor, raw: tf.Tensor, blocks: tf.Tensor,
+                       offsets: tf.Tensor, halos: tf.Tensor, asked: tf.Tensor) -> tf.Tensor:
+        """``rows``, once every halo cut short equals the first rows of the
+        next block (read too, and checked whole). A mismatch names the next
+        block's rows where it is one of the group's (the Python readers read
+        the two as one run), else its head."""
+        import tensorflow as tf
+
+        short = tf.reshape(tf.where(tf.gather(self._short, blocks)), [-1])
+        block = tf.gather(blocks, short)
+        after = tf.searchsorted(blocks, block + 1)  # the next block, read with it
+        length = tf.gather(halos, short) * self._row_bytes
+        halo = tf.strings.substr(raw, (tf.gather(offsets, short) + self._block_rows(block))
+                                 * self._row_bytes, length)
+        same = tf.equal(halo, tf.strings.substr(raw, tf.gather(offsets, after)
+                                                * self._row_bytes, length))
+        in_group = tf.equal(tf.gather(tf.concat([asked, [-1]], 0),
+                                      tf.searchsorted(asked, block + 1)), block + 1)
+        check = self._check(tf.reduce_all(same), lambda: self._problem(
+            block + 1, tf.logical_not(in_group), same))
         with tf.control_dependencies([check]):
             return tf.identity(rows)
 

@@ -92,19 +92,21 @@ class GraphReads:
                                            plan.store.reader_setup())
         if not reader.reads_blocks:
             return None
-        records = reader.blocks(plan.store.guard.root / MANIFEST_NAME)
-        digests = GroupDigests(plan, rows.table, blocks, check=records.check,
-                               describe=records.describe) if _checks._CHECKS else None
+        records = reader.blocks(plan.store.guard.root / MANIFEST_NAME, blocks)
+        digests = GroupDigests(plan, rows.table, records.read_blocks, check=records.check,
+                               describe=records.describe, short_halos=records.short_halos
+                               ) if _checks._CHECKS else None
         return cls(records, digests)
 
     def rows(self, blocks: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         import tensorflow as tf
 
-        stored = self._records.stored(blocks).get_single_element()
-        rows, raw, offsets, halos = self._records.decode(blocks, tf.ensure_shape(stored, [None]))
+        read = self._records.with_next(blocks)  # and the block after a halo cut short
+        stored = self._records.stored(read).get_single_element()
+        rows, raw, offsets, halos = self._records.decode(read, tf.ensure_shape(stored, [None]))
         if self._digests is not None:
-            rows = self._digests.checked(rows, raw, blocks, offsets, halos)
-        return rows, offsets
+            rows = self._digests.checked(rows, raw, read, offsets, halos, blocks)
+        return rows, tf.gather(offsets, tf.searchsorted(read, blocks))
 
 
 def group_reads(plan: ReadPlan, blocks: np.ndarray, *, graph_reads: bool = True
