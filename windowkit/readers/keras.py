@@ -33,6 +33,7 @@ import keras
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers import BatchOptions, ShuffleOptions
 from windowkit.readers.numpy_engine.batches import Batch, EpochBatches
+from windowkit.readers.options import SAVED_FOR_KEYS, check_saved_for
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
@@ -171,6 +172,8 @@ class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
         saved = metadata.get(_POSITION_KEY) if metadata else None
         if saved is None:
             return
+        check_saved_for(saved, self.dataset.batches.identity(), SAVED_FOR_KEYS,
+                        what="Keras backup")
         epoch, batch = int(saved["epoch"]), int(saved["batch"])
         if batch >= self.dataset.batches_per_epoch:  # saved after its last batch
             epoch, batch = epoch + 1, 0
@@ -204,7 +207,7 @@ class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
         else:
             position = {"epoch": epoch, "batch": first + self._batches_done}
         metadata = self._read_metadata() or {}
-        metadata[_POSITION_KEY] = position
+        metadata[_POSITION_KEY] = {**position, **self.dataset.batches.identity()}
         with fsspec.open(self._training_metadata_path, "w") as f:
             json.dump(metadata, f)
 

@@ -37,6 +37,7 @@ import numpy as np
 from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
 from windowkit.readers.numpy_engine.fields import BatchFields
+from windowkit.readers.options import saved_for
 from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
@@ -143,7 +144,7 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
         ds = ds.prefetch(PREFETCH_BATCHES).with_options(checkpoint_options())
         return ds if device is None else prefetch_to_device(ds, device)
 
-    return epoched(build, EpochCounter(epoch))
+    return epoched(build, EpochCounter(epoch), saved_for(plan, batch, order, choice.mode))
 
 
 def checkpoint_options() -> tf.data.Options:

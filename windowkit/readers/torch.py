@@ -46,6 +46,7 @@ import torch
 
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers.numpy_engine.batches import EpochBatches
+from windowkit.readers.options import SAVED_FOR_KEYS, check_saved_for
 
 
 def distributed_shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -211,11 +212,7 @@ class WindowTorchDataset(torch.utils.data.Dataset):
         if not isinstance(state, dict) or "epoch" not in state:
             raise InvalidSpecError("not a windowkit torch dataset state: it has no 'epoch' "
                                    "(pass what state_dict() returned)")
-        for key, value in self.batches.identity().items():
-            if key in state and state[key] != value:
-                raise InvalidSpecError(
-                    f"the saved state is for {key}={state[key]!r}, this dataset has "
-                    f"{key}={value!r}: build the dataset as it was when the state was saved")
+        check_saved_for(state, self.batches.identity(), SAVED_FOR_KEYS, what="state")
         self.set_epoch(state["epoch"])
 
     def __repr__(self) -> str:

@@ -36,7 +36,7 @@ from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers.numpy_engine.held import HeldRows, UniformOrder
 from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
 from windowkit.readers.numpy_engine.pool import WindowGather
-from windowkit.readers.options import BatchOptions, ShuffleOptions
+from windowkit.readers.options import BatchOptions, ShuffleOptions, check_saved_for, saved_for
 from windowkit.readers.shares import EpochStop, ShardSequence, ShardShare, windows_left
 from windowkit.sampler import group_size
 from windowkit.stats import Normalizer
@@ -246,12 +246,7 @@ class EpochBatches:
         if not isinstance(position, dict) or "epoch" not in position or "stops" not in position:
             raise InvalidSpecError("not a windowkit position: pass what position_after() "
                                    "returned")
-        identity = self.identity()
-        for key in _POSITION_KEYS:
-            if position.get(key) != identity[key]:
-                raise InvalidSpecError(
-                    f"the saved position is for {key}={position.get(key)!r}, this reader has "
-                    f"{key}={identity[key]!r}: build the reader as it was when it was saved")
+        check_saved_for(position, self.identity(), _POSITION_KEYS)
         epoch = check_int("epoch", position["epoch"], 0)
         try:
             stops = tuple(EpochStop(check_int("shards", n, 1), check_int("windows", w, 0))
@@ -282,11 +277,7 @@ class EpochBatches:
 
     def identity(self) -> dict[str, Any]:
         """What a saved position of this reader is for."""
-        plan = self.plan
-        return {"store_id": plan.store.store_id, "split": plan.split, "seed": self.order.seed,
-                "shuffle": self.order.shuffle, "mode": self.choice.mode,
-                "batch_size": self.batch_size, "drop_remainder": self.batch.drop_remainder,
-                "num_shards": plan.shard_share.count}
+        return saved_for(self.plan, self.batch, self.order, self.choice.mode)
 
 
 class _EpochCache:

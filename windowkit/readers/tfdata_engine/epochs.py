@@ -13,8 +13,10 @@ at every element of a pipeline holding a function that writes).
 
 ``ds.repeat()`` goes on through the following epochs inside one iteration
 (``e``, ``e + 1``, ..., computed in the graph). An iterator's checkpoint
-(``tf.train.Checkpoint(iterator=it)``) holds the epoch it started at, and
-restoring it sets the table before the position is restored (which reads it).
+(``tf.train.Checkpoint(iterator=it)``) holds the epoch it started at and what
+the reader was built for (store, split, order, batches, shards): restoring it
+into a reader built otherwise is one line, and restoring it sets the table
+before the position is restored (which reads it).
 Iterations the dataset does not make itself (a distribution strategy's
 distributed dataset, iterating inside a ``tf.function``) read the epoch last
 set: call ``set_epoch`` before each epoch there, or give Keras ``fit`` the
@@ -23,17 +25,20 @@ dataset's ``epoch_callback()``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
 from windowkit.errors import check_int
+from windowkit.readers.options import SAVED_FOR_KEYS, check_saved_for
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 _EPOCH_KEY = "windowkit_epoch"
+_SAVED_FOR_KEY = "windowkit_saved_for"
 
 
 class EpochCounter:
@@ -89,17 +94,20 @@ class EpochCounter:
 Build = Callable[[EpochCounter, "int | None"], "tf.data.Dataset"]  # (counter, epochs) -> dataset
 
 
-def epoched(build: Build, counter: EpochCounter, epochs: int | None = 1) -> tf.data.Dataset:
-    """``build(counter, epochs)`` as an :class:`EpochedDataset`."""
-    return EpochedDataset(build, counter, epochs)
+def epoched(build: Build, counter: EpochCounter, saved_for: dict[str, Any],
+            epochs: int | None = 1) -> tf.data.Dataset:
+    """``build(counter, epochs)`` as an :class:`EpochedDataset` (``saved_for``:
+    what its checkpoints are for, see :func:`windowkit.readers.options.saved_for`)."""
+    return EpochedDataset(build, counter, epochs, saved_for)
 
 
 class EpochIterator(iterator_ops.OwnedIterator):
-    """An iterator starting at one epoch, whose checkpoint holds that epoch."""
+    """An iterator starting at one epoch, whose checkpoint holds that epoch
+    and what its reader was built for (checked when it is restored)."""
 
     def __init__(self, dataset: EpochedDataset, epoch: int) -> None:
         self.windowkit_epoch = epoch
-        self._counter = dataset.epoch_counter
+        self._counter, self._saved_for = dataset.epoch_counter, dataset.saved_for
         super().__init__(dataset)
 
     def _serialize_to_tensors(self) -> dict[str, Any]:
@@ -107,10 +115,15 @@ class EpochIterator(iterator_ops.OwnedIterator):
 
         tensors = dict(super()._serialize_to_tensors())
         tensors[_EPOCH_KEY] = tf.constant(self.windowkit_epoch, tf.int64)
+        tensors[_SAVED_FOR_KEY] = tf.constant(json.dumps(self._saved_for, sort_keys=True))
         return tensors
 
     def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
         restored = dict(restored_tensors)
+        saved_for = restored.pop(_SAVED_FOR_KEY, None)
+        if saved_for is not None:
+            check_saved_for(json.loads(saved_for.numpy()), self._saved_for, SAVED_FOR_KEYS,
+                            what="iterator checkpoint")
         epoch = restored.pop(_EPOCH_KEY, None)
         if epoch is not None:
             self.windowkit_epoch = int(epoch)
@@ -122,8 +135,10 @@ class EpochedDataset(dataset_ops.UnaryUnchangedStructureDataset):
     """A reader's dataset: each iterator it makes reads the next epoch;
     ``repeat`` goes on through the epochs after it."""
 
-    def __init__(self, build: Build, counter: EpochCounter, epochs: int | None) -> None:
+    def __init__(self, build: Build, counter: EpochCounter, epochs: int | None,
+                 saved_for: dict[str, Any]) -> None:
         self.epoch_counter, self._build, self._epochs = counter, build, epochs
+        self.saved_for = saved_for
         dataset = build(counter, epochs)
         super().__init__(dataset, dataset._variant_tensor)
 
@@ -155,7 +170,7 @@ class EpochedDataset(dataset_ops.UnaryUnchangedStructureDataset):
         if count == 0:
             return super().repeat(0)
         return EpochedDataset(self._build, self.epoch_counter,
-                              None if count in (None, -1) else count)
+                              None if count in (None, -1) else count, self.saved_for)
 
     def __iter__(self) -> Any:
         import tensorflow as tf
