@@ -12,7 +12,9 @@ every reader, never different windows.
 
 Hostile stores: a list of mutations of a small store, each run through
 ``open_store``, ``Store.windows`` (plain and normalized), ``keras_dataset``,
-``tf_dataset`` (one epoch each) and ``verify``. Every reader must give one
+``torch_dataset``, ``grain_source``, ``tf_dataset`` (one epoch each; for
+TFRecord on its graph path and its NumPy path, which must say the same) and
+``verify``. Every reader must give one
 windowkit error (one line; through TensorFlow, the error it carries) or exactly
 the pristine windows, and ``verify`` must name a problem: a store is untrusted
 input. Mutations edit the manifest, the index and series tables, and the data
@@ -186,6 +188,18 @@ def _keras(path: Path) -> Any:
     return tuple(np.concatenate([np.asarray(b[k]) for b in batches]) for k in range(2))
 
 
+def _torch(path: Path) -> Any:
+    dataset = wk.open_store(path).torch_dataset("train", 16, shuffle=False)
+    batches = [dataset[i] for i in range(len(dataset))]
+    return tuple(np.concatenate([b[k].numpy() for b in batches]) for k in range(2))
+
+
+def _grain(path: Path) -> Any:
+    source = wk.open_store(path).grain_source("train")
+    items = source._getitems(list(range(len(source))))
+    return tuple(np.stack([item[k] for item in items]) for k in range(2))
+
+
 def _tf(path: Path) -> Any:
     return collect_epoch(wk.open_store(path).tf_dataset("train", 16, shuffle=False))
 
@@ -217,7 +231,7 @@ def assert_graph_path_agrees(root: Path, want: dict[str, Any]) -> None:
 def _all_readers(path: Path, *, tf: bool) -> dict[str, Any]:
     readers: dict[str, Callable[[Path], Any]] = {
         "open": lambda p: wk.open_store(p).splits, "index": _index, "windows": _windows,
-        "normalized": _normalized, "keras": _keras}
+        "normalized": _normalized, "keras": _keras, "torch": _torch, "grain": _grain}
     if tf:
         readers["tf"] = _tf
     return {name: _attempt(read, path) for name, read in readers.items()}
