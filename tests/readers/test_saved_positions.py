@@ -134,13 +134,13 @@ def test_a_tf_checkpoint_restored_into_another_reader_is_one_line(
 # -- Keras ------------------------------------------------------------------------------------
 def test_a_keras_backup_restored_with_another_batch_size_is_one_line(
         stores: tuple[wk.Store, wk.Store], tmp_path: Path) -> None:
-    class Preempted(Exception):
+    class PreemptedError(Exception):
         pass
 
     class Preempt(keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if batch == 4:
-                raise Preempted
+                raise PreemptedError
 
     def fit(batch_size: int, *callbacks: keras.callbacks.Callback) -> None:
         ds = stores[0].keras_dataset("train", batch_size, seed=3)
@@ -151,7 +151,7 @@ def test_a_keras_backup_restored_with_another_batch_size_is_one_line(
                   callbacks=[ds.backup_and_restore(tmp_path / "backup", save_freq=2),
                              *callbacks])
 
-    with pytest.raises(Preempted):
+    with pytest.raises(PreemptedError):
         fit(16, Preempt())
     _one_line(lambda: fit(64), "batch_size")
     fit(16)  # the reader it was saved for goes on

@@ -18,14 +18,29 @@ The split's rows are held once per process, on first use (in memory within
 shuffle holds them): every window is then one contiguous row range, read in
 any order. The source pickles as its read plan and arguments, so Grain's
 worker processes work with it.
+
+A store replaced while it is read (``convert --overwrite``) is
+:class:`windowkit.errors.StoreReplacedError`, never its old rows served on:
+a Grain source has no epochs, so it checks the store (a ``stat`` of its
+directory) when it holds the rows, then before a read once
+``CHECK_SECONDS`` have passed or ``len(src)`` windows (a pass over the split)
+were read since the last check: an error within about a second of reading,
+and on the first read of the next pass at the latest, spilled rows included.
+
+Indices are integers (Python or NumPy), negative ones counting from the end,
+in ``src[i]`` and in ``_getitems`` alike; a float or a bool is a ``TypeError``
+(``_getitems([1.7])`` is no window 1) and one out of range an ``IndexError``,
+each one line naming it.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import operator
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +54,9 @@ if TYPE_CHECKING:
     from windowkit.stats import Normalizer
 
 
-_PROCESS_LOCAL = ("_lock", "_held", "_runs")  # built per process, never pickled
+#: built per process, never pickled
+_PROCESS_LOCAL = ("_lock", "_held", "_runs", "_checked_at", "_unchecked", "_per_pass")
+CHECK_SECONDS = 1.0  # the store is checked again before a read once this has passed
 
 
 class WindowGrainSource:
@@ -54,23 +71,35 @@ class WindowGrainSource:
         self.fields: BatchFields = plan.store.fields(return_series)
         self._norm: Normalizer | None = plan.store.normalizer() if normalize else None
         self._columns = self.fields.horizon_columns(plan.store.target_positions)
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
         self._lock = threading.Lock()
-        self._held: HeldRows | None = None
+        self._held: HeldRows | None = None  # held again by each process on first use
         self._runs: tuple[list[int], list[int], list[int], int] | None = None
+        self._checked_at = -math.inf  # when the store was last checked (monotonic)
+        self._unchecked = 0  # windows read since
+        self._per_pass = len(self)  # windows read between checks at most
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in _PROCESS_LOCAL}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
-        self._held = None  # held again by this process on first use
-        self._runs = None
+        self._reset_process_state()
 
-    def _rows(self) -> HeldRows:
+    def _rows(self, windows: int = 0) -> HeldRows:
+        """The held rows, before reading ``windows`` windows from them: the store
+        checked first when they are held, and again once ``CHECK_SECONDS``
+        passed or a pass's worth of windows were read since the last check."""
         with self._lock:
-            if self._held is None:
+            self._unchecked += windows
+            now = time.monotonic()
+            if (self._unchecked >= self._per_pass or now - self._checked_at >= CHECK_SECONDS
+                    or self._held is None):
                 self.plan.store.guard.check()
+                self._checked_at, self._unchecked = now, windows
+            if self._held is None:
                 self._held = HeldRows(self.plan, memory_budget=self.memory_budget,
                                       spill_dir=self.spill_dir)
             return self._held
@@ -80,12 +109,12 @@ class WindowGrainSource:
 
     def __getitem__(self, index: int) -> Any:
         """Window ``index`` of the split (negative counts from the end)."""
-        i = operator.index(index)
-        n = len(self)
+        i = index if type(index) is int else _index(index)
+        n = self._per_pass
         if not -n <= i < n:
             raise IndexError(f"window {index} is out of range for {n} windows")
         start, series = self._locate(i % n)
-        x, horizon = self._rows().window(start, self._columns)
+        x, horizon = self._rows(1).window(start, self._columns)
         batch = self.fields.assemble(x[None], None if horizon is None else horizon[None],
                                      np.array([series], dtype=np.int32),
                                      targets=self.plan.store.target_positions, norm=self._norm)
@@ -104,17 +133,18 @@ class WindowGrainSource:
         return first[run] + (position - cumulative[run]) * stride, series[run]
 
     def _getitems(self, indices: Sequence[int]) -> Sequence[Any]:
-        """Windows ``indices``, cut with one gather (Grain's batched read)."""
-        where = np.asarray(indices, dtype=np.int64)
-        if where.size and (where.min() < 0 or where.max() >= len(self)):
-            raise IndexError(f"windows out of range for {len(self)} windows")
+        """Windows ``indices``, cut with one gather (Grain's batched read);
+        indices as for ``src[i]``."""
+        where = _positions(indices, len(self))
+        if not len(where):
+            return []
         batch = self.windows(where)
         return [_item(batch, k) for k in range(len(where))]
 
     def windows(self, positions: np.ndarray) -> Any:
         """The windows at index positions ``positions``, as one batch."""
         starts, series = self.plan.runs.global_starts_and_series(positions)
-        x, horizon = self._rows().windows(starts, self._columns)
+        x, horizon = self._rows(len(starts)).windows(starts, self._columns)
         return self.fields.assemble(x, horizon, series if self.fields.series else None,
                                     targets=self.plan.store.target_positions, norm=self._norm)
 
@@ -124,6 +154,42 @@ class WindowGrainSource:
                 f"store_id={plan.store.store_id[:12]!r}, split={plan.split!r}, "
                 f"windows={len(self)}, normalize={self.normalize}, "
                 f"return_series={self.return_series})")
+
+
+def _index(value: object) -> int:
+    """``value`` as a window index: an integer (Python or NumPy), not a bool."""
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"window indices are integers, got {value!r} "
+                    f"({type(value).__name__})")
+
+
+def _positions(indices: Sequence[int], n: int) -> np.ndarray:
+    """``indices`` as index positions ``0 .. n - 1`` (negative ones count from
+    the end): integers only, each in range, else one line naming the first not."""
+    if isinstance(indices, np.ndarray):
+        if indices.dtype.kind not in "iu":
+            raise TypeError(f"window indices are integers, got an array of {indices.dtype}")
+        where = indices.ravel()
+    else:
+        if not set(map(type, indices)) <= {int}:  # Grain's lists of ints: no loop
+            indices = [_index(i) for i in indices]
+        try:
+            where = np.asarray(indices, dtype=np.int64)
+        except OverflowError:  # beyond int64: out of range
+            bad = next(i for i in indices if not -n <= i < n)
+            raise IndexError(f"window {bad} is out of range for {n} windows") from None
+    if not len(where):
+        return np.zeros(0, dtype=np.int64)
+    low, high = where.min(), where.max()
+    if low < -n or high >= n:
+        bad = where[np.flatnonzero((where < -n) | (where >= n))[0]]
+        raise IndexError(f"window {bad} is out of range for {n} windows")
+    where = where.astype(np.int64, copy=False)
+    return where % n if low < 0 else where
 
 
 def _item(batch: Any, k: int) -> Any:

@@ -9,6 +9,7 @@ time column becomes int64 times.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,7 @@ from windowkit.errors import SourceError
 from windowkit.sources._times import TimeKind, time_kind
 
 _MAX_NAME = 256  # characters of a column name a store's manifest holds
+_LISTED = 20  # columns a message lists (a wide table has thousands)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def read_schema(name: str, options: TableOptions, schema: pa.Schema) -> TableCol
         n for n in names if n not in skip]
     _check_names(name, names, {*skip, *features} - {None})
     for label, chosen in (("--columns", features), ("--static-columns", static)):
-        repeated = sorted({c for c in chosen if chosen.count(c) > 1})
+        repeated = sorted(c for c, times in Counter(chosen).items() if times > 1)
         if repeated:
             raise SourceError(f"{name}: {label} names {repeated[0]!r} more than "
                               "once; name each column once")
@@ -70,17 +72,21 @@ def read_schema(name: str, options: TableOptions, schema: pa.Schema) -> TableCol
 
 def _check_present(name: str, options: TableOptions, names: list[str]) -> None:
     """Every column the options name is in the table."""
+    present = set(names)
     for label, column in (("series", options.series_col), ("time", options.time_col),
                           *(("feature", c) for c in options.columns or ()),
                           *(("static", c) for c in options.static_columns or ())):
-        if column is not None and column not in names:
-            raise SourceError(f"{name}: no {label} column {column!r} (columns: "
-                              f"{', '.join(names)})")
+        if column is not None and column not in present:
+            listed = ", ".join(names[:_LISTED]) + (
+                f", ... ({len(names)} in all)" if len(names) > _LISTED else "")
+            raise SourceError(f"{name}: no {label} column {column!r} (columns: {listed})")
 
 
 def _check_names(name: str, names: list[str], used: set[str | None]) -> None:
-    """The columns used must have a name, at most 256 characters, found once."""
+    """The columns used must have a name, at most 256 characters, found once
+    (counted once, so a header of any width is checked in linear time)."""
     hint = ", or choose the columns to use with --columns"
+    counts = Counter(names)
     for position, column in enumerate(names):
         if column not in used:
             continue
@@ -90,9 +96,9 @@ def _check_names(name: str, names: list[str], used: set[str | None]) -> None:
         if len(column) > _MAX_NAME:
             raise SourceError(f"{name}: column {position} has a name of {len(column)} "
                               f"characters, over {_MAX_NAME}: rename it{hint}")
-        if names.count(column) > 1:
+        if counts[column] > 1:
             raise SourceError(f"{name}: column name {column!r} appears "
-                              f"{names.count(column)} times in the header; column names "
+                              f"{counts[column]} times in the header; column names "
                               f"must be unique: rename one{hint}")
 
 
@@ -115,16 +121,17 @@ def _values_dtype(name: str, schema: pa.Schema, features: list[str],
                   asked: str | None) -> np.dtype:
     """The staged values' dtype: ``asked`` (``--dtype``), else the feature
     columns' common one (booleans as uint8, empty columns as float32)."""
-    kinds = []
-    for column in features:
-        kind = schema.field(column).type
-        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
-                or pa.types.is_boolean(kind) or pa.types.is_null(kind)):
-            raise SourceError(f"{name}: column {column!r} is not numeric ({kind}); "
-                              "pass the feature columns with --columns")
-        kinds.append(np.dtype(kind.to_pandas_dtype()) if not pa.types.is_null(kind)
-                     else np.dtype(np.float32))
-    dtype = np.result_type(*kinds)
+    types = dict(zip(schema.names, schema.types, strict=True))  # the features' names are unique
+    distinct = set(types[column] for column in features)  # each type checked once
+    bad = {kind for kind in distinct if not (
+        pa.types.is_integer(kind) or pa.types.is_floating(kind)
+        or pa.types.is_boolean(kind) or pa.types.is_null(kind))}
+    if bad:
+        column = next(c for c in features if types[c] in bad)
+        raise SourceError(f"{name}: column {column!r} is not numeric ({types[column]}); "
+                          "pass the feature columns with --columns")
+    dtype = np.result_type(*(np.dtype(kind.to_pandas_dtype()) if not pa.types.is_null(kind)
+                             else np.dtype(np.float32) for kind in distinct))
     if dtype.kind == "b":
         dtype = np.dtype(np.uint8)
     if asked is not None:

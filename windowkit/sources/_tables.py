@@ -33,7 +33,13 @@ import pyarrow as pa
 
 from windowkit.errors import DiskSpaceError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
-from windowkit.sources._datasets import TableFiles, dataset_batches, fingerprint, table_files
+from windowkit.sources._datasets import (
+    TableFiles,
+    csv_shape,
+    dataset_batches,
+    fingerprint,
+    table_files,
+)
 from windowkit.sources._datasets import table_rows as dataset_rows
 from windowkit.sources._interleaved import read_within, rows_by_series
 from windowkit.sources._pins import check_regular
@@ -255,16 +261,9 @@ def estimate_staged_bytes(source: Any, options: TableOptions) -> int:
             if not is_url(path):
                 check_regular(path)
             if _suffix(path) == ".csv":
-                from pyarrow import csv
-
-                size = int(location.stat().st_size)
                 with location.open("rb") as fh:
-                    reader = csv.open_csv(fh, read_options=csv.ReadOptions(
-                        block_size=_CSV_BLOCK_BYTES))
-                    first = reader.read_next_batch()
-                columns = first.num_columns
-                sample = min(size, _CSV_BLOCK_BYTES)
-                rows = int(size / max(1, sample) * max(1, first.num_rows)) + 1
+                    sample = fh.read(_CSV_BLOCK_BYTES)
+                rows, columns = csv_shape(sample, int(location.stat().st_size))
             else:
                 meta = open_parquet(location).metadata
                 rows, columns = meta.num_rows, meta.num_columns

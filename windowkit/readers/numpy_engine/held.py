@@ -22,6 +22,7 @@ together for every reader).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -29,6 +30,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -37,7 +39,7 @@ import numpy as np
 import psutil
 
 from windowkit._progress import human_size
-from windowkit.errors import InvalidSpecError
+from windowkit.errors import DiskSpaceError, InvalidSpecError, WindowkitError
 from windowkit.index import WindowRuns
 from windowkit.permutation import KeyedPermutations
 from windowkit.readers.plan import ReadPlan
@@ -132,11 +134,7 @@ class HeldRows:
         self._lock = threading.Lock()
         shape = (placement.total_rows, *plan.layout.step_shape)
         if self.spilled:
-            self._file = file = _spill_file(plan, self.nbytes, spill_dir)
-            _load(plan, placement, lambda base, part: _write_small(file, part))
-            file.flush()
-            self._map = mmap.mmap(file.fileno(), max(1, self.nbytes), prot=mmap.PROT_READ)
-            self._map.madvise(mmap.MADV_RANDOM)  # no read-around: a window is a small read
+            self._file, self._map = _spill(plan, placement, self.nbytes, spill_dir)
             rows = np.frombuffer(self._map, dtype=plan.layout.dtype,
                                  count=placement.total_rows * plan.layout.cells
                                  ).reshape(shape)
@@ -204,10 +202,11 @@ def _write_small(file: IO[bytes], rows: np.ndarray) -> None:
         file.write(data[at:at + WRITE_PIECE])
 
 
-def _spill_file(plan: ReadPlan, nbytes: int, spill_dir: str | os.PathLike[str] | None
-                ) -> IO[bytes]:
-    """A new private file for ``nbytes`` of rows: unlinked at once (no path
-    reaches it; it goes with the process). One line if the disk lacks room."""
+def _spill(plan: ReadPlan, placement: HeldPlacement, nbytes: int,
+           spill_dir: str | os.PathLike[str] | None) -> tuple[IO[bytes], mmap.mmap]:
+    """The plan's rows written to a new private file (unlinked at once: no path
+    reaches it; it goes with the process), and its read-only map. Writing it
+    fails as one line naming the directory and what to set."""
     directory = spill_directory(spill_dir)
     free = shutil.disk_usage(directory).free
     if nbytes > free:
@@ -216,7 +215,48 @@ def _spill_file(plan: ReadPlan, nbytes: int, spill_dir: str | os.PathLike[str] |
             f"than memory_budget, and {directory} has {human_size(free)} free to hold them; "
             f"set spill_dir= (or ${SPILL_DIR_ENV}) to a local disk with room, raise "
             "memory_budget, or use shuffle='blocks'")
-    return tempfile.TemporaryFile(dir=directory, prefix="windowkit-spill-")
+    file = _spill_file(directory, nbytes)
+    try:
+        def put(base: int, part: np.ndarray) -> None:
+            with _spill_errors(directory, nbytes):  # not the store's reads: their own errors
+                _write_small(file, part)
+
+        _load(plan, placement, put)
+        with _spill_errors(directory, nbytes):
+            file.flush()
+            rows = mmap.mmap(file.fileno(), max(1, nbytes), prot=mmap.PROT_READ)
+    except BaseException:
+        file.close()
+        raise
+    rows.madvise(mmap.MADV_RANDOM)  # no read-around: a window is a small read
+    return file, rows
+
+
+def _spill_file(directory: Path, nbytes: int) -> IO[bytes]:
+    """A new private file in ``directory``, unlinked at once."""
+    with _spill_errors(directory, nbytes):
+        return tempfile.TemporaryFile(dir=directory, prefix="windowkit-spill-")
+
+
+@contextmanager
+def _spill_errors(directory: Path, nbytes: int) -> Iterator[None]:
+    """An OS error writing the spill (a read-only or full disk, a file size
+    limit) as one line naming ``directory`` and what to set instead."""
+    try:
+        yield
+    except WindowkitError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise DiskSpaceError(
+                f"{directory}: {reason} while spilling {human_size(nbytes)} of rows beyond "
+                f"memory_budget there; set spill_dir= (or ${SPILL_DIR_ENV}) to a local disk "
+                "with room, or raise memory_budget to hold them in memory") from None
+        raise InvalidSpecError(
+            f"{directory}: cannot spill {human_size(nbytes)} of rows beyond memory_budget "
+            f"there ({reason}); set spill_dir= (or ${SPILL_DIR_ENV}) to a writable local "
+            "directory, or raise memory_budget to hold them in memory") from None
 
 
 def _load(plan: ReadPlan, placement: HeldPlacement,

@@ -10,6 +10,13 @@ permutation, one fancy index, the batch's fields), run in parallel by
 dataset reads the next epoch (:mod:`windowkit.readers.tfdata_engine.epochs`),
 whose permutation is the one every reader uses for that epoch; an iterator's
 position is a batch number, so ``tf.train.Checkpoint`` saves it symbolically.
+
+A store replaced while it is read (``convert --overwrite``) is
+:class:`windowkit.errors.StoreReplacedError` at the next epoch at the latest,
+never the held (or spilled) rows of the old one served on: the first chunk of
+every epoch checks the store, whatever epoch number it reads (a distributed
+dataset, or Keras ``fit`` without the epoch callback, reads the same one again;
+a new epoch number is checked by :class:`EpochBatches` too).
 """
 
 from __future__ import annotations
@@ -54,7 +61,11 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
     windows = (batches.batches_per_epoch * batch_size if batches.batch.drop_remainder
                else total)
 
+    guard = batches.plan.store.guard
+
     def cut_chunk(epoch: Any, lo: Any) -> list[np.ndarray]:  # the chunk's windows, cut
+        if int(lo) == 0:  # an epoch's first chunk: a replaced store is an error
+            guard.check()
         hi = min(int(lo) + chunk, windows)
         part = batches.windows_at(int(epoch), np.arange(int(lo), hi, dtype=np.int64))
         return [np.asarray(array) for array in tf.nest.flatten(part)]
