@@ -63,11 +63,22 @@ def _rss_mb() -> float:
     return float(psutil.Process().memory_info().rss) / 2**20
 
 
+def _anon_mb() -> float:
+    """This process's anonymous resident memory (``RssAnon``: what it cannot
+    give back; mapped page cache is ``RssFile``, the kernel's), MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return _rss_mb()
+
+
 class PeakRss:
-    """The highest RSS seen while open, sampled every 5 ms on a thread."""
+    """The highest RSS and anonymous memory seen while open, sampled every
+    5 ms on a thread."""
 
     def __init__(self) -> None:
-        self.peak_mb = _rss_mb()
+        self.peak_mb, self.peak_anon_mb = _rss_mb(), _anon_mb()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -75,10 +86,12 @@ class PeakRss:
     def _watch(self) -> None:
         while not self._done.wait(0.005):
             self.peak_mb = max(self.peak_mb, _rss_mb())
+            self.peak_anon_mb = max(self.peak_anon_mb, _anon_mb())
 
     def stop(self) -> float:
         self._done.set()
         self._thread.join()
+        self.peak_anon_mb = max(self.peak_anon_mb, _anon_mb())
         return max(self.peak_mb, _rss_mb())
 
 
@@ -93,7 +106,7 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
 
     tf.constant(0)  # the runtime loaded: the baseline includes it
     store = wk.open_store(store_path)
-    baseline, start = _rss_mb(), time.perf_counter()
+    baseline, anon_baseline, start = _rss_mb(), _anon_mb(), time.perf_counter()
     watch = PeakRss()
     if mode.startswith("block groups"):
         budget = BUDGET if mode.endswith("MiB") else None  # else the default budget
@@ -118,6 +131,7 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
     expected = np.sort(runs.global_starts(np.arange(runs.total)))
     return {"windows": len(rows), "seconds": seconds, "windows_s": len(rows) / seconds,
             "build_s": build, "baseline_mb": baseline, "peak_over_mb": peak - baseline,
+            "anon_over_mb": watch.peak_anon_mb - anon_baseline,
             "exactly_once": bool(np.array_equal(np.sort(rows), expected)),
             **_mixing(rows, store.series_table.column("row_offset").to_numpy())}
 
@@ -150,7 +164,7 @@ def run(mib: int, formats: list[str]) -> None:
           f"uncompressed; L={LENGTH}, batch {BATCH}; spilled: memory_budget="
           f"{BUDGET >> 20} MiB")
     print(f"{'store / mode':<28}{'windows/s':>11}{'vs memory':>11}{'build':>8}"
-          f"{'peak+':>9}{'once':>6}{'series':>15}{'buckets':>17}")
+          f"{'peak+':>9}{'anon+':>9}{'once':>6}{'series':>15}{'buckets':>17}")
     for fmt in formats:
         store = OUT / f"beyond-{fmt}-{mib}"
         if not (store / "windowkit.json").exists():
@@ -160,10 +174,11 @@ def run(mib: int, formats: list[str]) -> None:
         base = results["in memory"]["windows_s"]
         for mode, r in results.items():
             print(f"{fmt + ' ' + mode:<28}{r['windows_s']:>11,.0f}{r['windows_s'] / base:>10.2f}x"
-                  f"{r['build_s']:>7.1f}s{r['peak_over_mb']:>6.0f} MB{r['exactly_once']!s:>6}"
+                  f"{r['build_s']:>7.1f}s{r['peak_over_mb']:>6.0f} MB"
+                  f"{r['anon_over_mb']:>6.0f} MB{r['exactly_once']!s:>6}"
                   f"{r['series']:>7.1f} of {r['uniform_series']:.1f}"
                   f"{r['buckets']:>8.1f} of {r['uniform_buckets']:.1f}")
-    print(f"bar (spilled, warm): >= 0.5x in memory; peak+ <= {(BUDGET >> 20) + 256} MB; "
+    print(f"bar (spilled, warm): >= 0.8x in memory; anon+ <= {(BUDGET >> 20) + 256} MB; "
           "mixing >= 90% of uniform; exactly once")
     _save("beyond", **figures)
 

@@ -258,10 +258,12 @@ def beyond(fig: dict[str, Any]) -> list[str]:
         for mode, r in results.items():
             rows.append([f"{_fmt(fmt)}, {mode}", _n(r["windows_s"]),
                          f"{r['windows_s'] / base:.2f}{X}", f"{r['build_s']:.1f} s",
-                         f"{r['peak_over_mb']:,.0f} MB", "yes" if r["exactly_once"] else "**no**",
+                         f"{r['peak_over_mb']:,.0f} MB",
+                         f"{r['anon_over_mb']:,.0f} MB" if "anon_over_mb" in r else "",
+                         "yes" if r["exactly_once"] else "**no**",
                          f"{r['series']:.1f} of {r['uniform_series']:.1f}",
                          f"{r['buckets']:.1f} of {r['uniform_buckets']:.1f}"])
-    header = ["store, mode", "windows/s", "vs in memory", "build", "peak+", "once",
+    header = ["store, mode", "windows/s", "vs in memory", "build", "peak+", "anon+", "once",
               "distinct series per batch", "distinct (series, bucket) per batch"]
     return [_when(fig, "make bench"), "",
             f"{fig['series']} series {X} {fig['rows_per_series']:,} rows {X} "

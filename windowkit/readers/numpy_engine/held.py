@@ -5,7 +5,10 @@ blocks where they start, each followed by its halo (runs of neighbouring
 blocks share their rows). They are read block group by block group through
 the format's checked row reader, into memory when they fit the memory budget,
 else into a private file on local disk (opened unlinked, so no path reaches
-it; see :func:`spill_directory`), memory-mapped and left to the page cache.
+it; see :func:`spill_directory`), memory-mapped and left to the page cache:
+the mapping is kept, so a warm epoch reads at memory speed, and what it maps
+is page cache (the process's file-backed pages, which the kernel takes back
+whenever it needs them), not the process's own (anonymous) memory.
 A batch is then one NumPy fancy index over a strided view of those rows (a
 copy of ``B`` contiguous row ranges that releases the interpreter lock), with
 no Python per window.
@@ -27,7 +30,6 @@ import mmap
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -52,10 +54,6 @@ LOAD_BYTES = 16 << 20  # rows read at once while loading (two such reads in flig
 #: small folios: a window read then maps about a fault-around's worth of it
 #: (a large folio, written at once, is mapped whole: up to megabytes a window)
 WRITE_PIECE = 64 << 10
-FAULT_AROUND = 64 << 10  # what the kernel maps around a page fault (its default)
-#: mapped pages of a spill are dropped from the process once about this much may
-#: be mapped (they stay in the page cache), so that its resident memory stays bounded
-RELEASE_BYTES = 64 << 20
 
 
 def spill_directory(spill_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -130,8 +128,6 @@ class HeldRows:
         self.spilled = self.nbytes > memory_budget
         self._file: IO[bytes] | None = None
         self._map: mmap.mmap | None = None
-        self._gathered = 0
-        self._lock = threading.Lock()
         shape = (placement.total_rows, *plan.layout.step_shape)
         if self.spilled:
             self._file, self._map = _spill(plan, placement, self.nbytes, spill_dir)
@@ -156,10 +152,7 @@ class HeldRows:
         """``(x, horizon)`` of the windows starting at global rows ``starts``."""
         block = starts // self.block_rows
         at = self.block_base[block] + (starts - block * self.block_rows)
-        x, horizon = cut_from_views(self._views, at, targets)
-        if self._map is not None:
-            self._count(len(starts) * FAULT_AROUND)
-        return x, horizon
+        return cut_from_views(self._views, at, targets)
 
     def window(self, start: int, targets: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -173,18 +166,6 @@ class HeldRows:
             return x, None
         horizon = horizons[at]
         return x, np.array(horizon if targets is None else horizon[:, targets])
-
-    def _count(self, nbytes: int) -> None:
-        """Drop the spill's mapped pages from this process once about
-        RELEASE_BYTES may be mapped (a concurrent gather faults them in again
-        from the page cache)."""
-        with self._lock:
-            self._gathered += nbytes
-            if self._gathered < RELEASE_BYTES:
-                return
-            self._gathered = 0
-        assert self._map is not None
-        self._map.madvise(mmap.MADV_DONTNEED)
 
     def evict(self) -> None:
         """Drop a spill from the page cache too (the next epoch reads it from
