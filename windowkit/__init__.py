@@ -20,6 +20,7 @@ from windowkit.errors import (
     StoreError,
     StoreExistsError,
     StoreReplacedError,
+    StoreUnreachableError,
     WindowkitError,
 )
 from windowkit.formats import FORMAT_NAMES, FORMATS
@@ -41,6 +42,7 @@ __all__ = [
     "StoreError",
     "StoreExistsError",
     "StoreReplacedError",
+    "StoreUnreachableError",
     "WindowSpec",
     "WindowkitError",
     "__version__",

@@ -76,6 +76,11 @@ class StoreReplacedError(StoreError):
     """The store was replaced (e.g. by ``convert --overwrite``) while it was read."""
 
 
+class StoreUnreachableError(StoreError):
+    """Object storage did not answer: its endpoint refused the connection, or gave
+    no answer within the connect and read timeouts (see ``docs/remote.md``)."""
+
+
 def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` as an int if it is an integer (Python or NumPy, not bool) of at
     least ``minimum``; else one clear error naming ``name``."""

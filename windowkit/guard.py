@@ -13,13 +13,24 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import time
 from pathlib import Path
 from typing import Any
 
-from windowkit.errors import NotAStoreError, StoreError, StoreReplacedError
-from windowkit.location import as_url_path, is_remote, remote_errors
+from windowkit.errors import (
+    NotAStoreError,
+    StoreError,
+    StoreReplacedError,
+    StoreUnreachableError,
+)
+from windowkit.location import (
+    as_url_path,
+    is_remote,
+    not_regular,
+    open_regular,
+    remote_call,
+    remote_errors,
+)
 
 MANIFEST_NAME = "windowkit.json"
 MAX_MANIFEST_BYTES = 256 << 20
@@ -39,23 +50,27 @@ def read_manifest_bytes(root: Path) -> bytes:
         info = os.lstat(path)
     except FileNotFoundError:
         raise NotAStoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise StoreError(f"{path}: is not a regular file (a link or a directory)")
-    if info.st_size > MAX_MANIFEST_BYTES:
-        raise StoreError(f"{path}: {info.st_size} bytes, larger than any manifest")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    error = not_regular(path, info.st_mode)
+    if error is not None:
+        raise error
+    fd = open_regular(path)  # never blocks: it may have been swapped for a FIFO since
     with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise StoreError(f"{path}: {size} bytes, larger than any manifest")
         return fh.read(MAX_MANIFEST_BYTES + 1)
 
 
 def _read_remote_manifest(root: Path) -> bytes:
     """The manifest object's bytes (object storage has no links)."""
     path = root / MANIFEST_NAME
+    key = as_url_path(path).path
     with remote_errors(root):
         try:
-            size = int(path.stat().st_size)
+            size = int(remote_call(path, "info", key)["size"])
         except FileNotFoundError:
-            if (root / ".windowkit-incomplete").exists():  # conversion._remote.INCOMPLETE
+            incomplete = as_url_path(root / ".windowkit-incomplete")  # conversion._remote
+            if remote_call(incomplete, "exists", incomplete.path):
                 raise StoreError(f"{root}: not a windowkit store yet: a conversion is "
                                  "publishing one here (its manifest comes last); open it "
                                  "again when it finishes, or if none runs, run that convert "
@@ -64,14 +79,17 @@ def _read_remote_manifest(root: Path) -> bytes:
                                  "the bucket and the prefix)") from None
         if size > MAX_MANIFEST_BYTES:
             raise StoreError(f"{path}: {size} bytes, larger than any manifest")
-        return path.read_bytes()
+        return bytes(remote_call(path, "cat_file", key))
 
 
 def read_store_id(root: Path) -> str | None:
     """The store id in ``root``'s manifest, without validating the rest (None if
-    there is no readable manifest)."""
+    there is no readable manifest). Object storage that does not answer is
+    :class:`StoreUnreachableError`: it says nothing of the store."""
     try:
         value = json.loads(read_manifest_bytes(root)).get("store_id")
+    except StoreUnreachableError:
+        raise
     except (OSError, ValueError, AttributeError, RecursionError, StoreError):
         return None
     return value if isinstance(value, str) else None
@@ -132,11 +150,16 @@ class StoreGuard:
         return (info.st_dev, info.st_ino)
 
     def _remote_identity(self) -> tuple[Any, ...] | None:
-        """The manifest object's ETag and size: a new store writes a new manifest."""
+        """The manifest object's ETag and size: a new store writes a new manifest.
+        A server that cannot be reached, or does not answer in time, is
+        :class:`StoreUnreachableError` (never "replaced")."""
         manifest = as_url_path(self.root / MANIFEST_NAME)
         try:
-            info = manifest.fs.info(manifest.path)
-        except (OSError, ValueError):
+            with remote_errors(self.root):
+                info = remote_call(manifest, "info", manifest.path)
+        except StoreUnreachableError:
+            raise
+        except (OSError, ValueError):  # no manifest there: read_store_id tells
             return None
         return (info.get("ETag") or info.get("mtime") or info.get("LastModified"),
                 info.get("size"))

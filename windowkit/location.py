@@ -9,18 +9,31 @@ keeps them (for S3: the AWS environment variables and config files,
 
 Errors of the remote kind (no such bucket, no credentials, an endpoint that
 does not answer) become one :class:`windowkit.StoreError` line naming the URL.
+Every request windowkit makes of object storage is given up after its
+:class:`Timeouts` (a connect and a read timeout, retries included): a server
+that stops answering is one :class:`~windowkit.errors.StoreUnreachableError`
+line naming the URL and the timeouts, never a wait without end.
+
+Local store files are opened without blocking and without following a link
+(:func:`open_regular`), and checked before a library opens them
+(:func:`refuse_special`): a FIFO, a device or a directory in place of a file
+is one line, never a read that waits forever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from windowkit.errors import InvalidSpecError, StoreError, WindowkitError
+from windowkit._requests import TIMEOUTS, Timeouts, fetch_ranges, remote_call
+from windowkit.errors import InvalidSpecError, StoreError, StoreUnreachableError, WindowkitError
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -29,6 +42,8 @@ if TYPE_CHECKING:
 REMOTE_MAX_GAP = 1 << 20  # ranges closer than this: one request (a request costs more)
 
 AnyPath = Path  # a local Path, or a UPath (which has the same API) for a URL
+
+_S3_SCHEMES = ("s3", "s3a")  # s3fs: ``config_kwargs`` go to botocore's Config
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -65,10 +80,16 @@ def resolve(location: str | os.PathLike[str],
         known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) <= 5)[:12])
         raise InvalidSpecError(f"{text}: unknown URL scheme {scheme!r}; fsspec knows "
                                f"{known}, ...") from None
-    return UPath(text, **(storage_options or {}))
+    options = dict(storage_options or {})
+    limits = Timeouts.of(options)  # checked here: a bad setting is one line at once
+    if scheme in _S3_SCHEMES:  # botocore's own timeouts, per request: the same ones
+        options["config_kwargs"] = {"connect_timeout": limits.connect,
+                                    "read_timeout": limits.read,
+                                    **(options.get("config_kwargs") or {})}
+    return UPath(text, **options)
 
 
-def as_url_path(path: AnyPath) -> UPath:
+def as_url_path(path: AnyPath | UPath) -> UPath:
     """``path`` (a URL path, see :func:`is_remote`) typed as the ``UPath`` it is."""
     return cast("UPath", path)
 
@@ -86,7 +107,8 @@ def is_remote(path: object) -> bool:
 @contextlib.contextmanager
 def remote_errors(where: object, kind: type[WindowkitError] = StoreError) -> Iterator[None]:
     """Turn what object storage raises into one ``kind`` line (a
-    :class:`StoreError` for stores, a ``SourceError`` for sources)."""
+    :class:`StoreError` for stores, a ``SourceError`` for sources; for a store,
+    an endpoint that cannot be reached is a :class:`StoreUnreachableError`)."""
     try:
         yield
     except (WindowkitError, MemoryError):
@@ -95,7 +117,18 @@ def remote_errors(where: object, kind: type[WindowkitError] = StoreError) -> Ite
         message = describe_remote_error(exc)
         if message is None:
             raise
-        raise kind(f"{where}: {message}") from exc
+        unreachable = kind is StoreError and _unreachable(exc)
+        raise (StoreUnreachableError if unreachable else kind)(f"{where}: {message}") from exc
+
+
+_UNREACHABLE = ("EndpointConnectionError", "ConnectionClosedError", "ClientConnectorError",
+                "ServerDisconnectedError", *TIMEOUTS)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the endpoint could not be reached (or did not answer)."""
+    return (type(exc).__name__ in _UNREACHABLE
+            or isinstance(exc, ConnectionError | TimeoutError))
 
 
 def describe_remote_error(exc: BaseException) -> str | None:
@@ -105,8 +138,7 @@ def describe_remote_error(exc: BaseException) -> str | None:
     if name in ("NoCredentialsError", "PartialCredentialsError"):
         return ("no credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                 "an AWS profile, or storage_options)")
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
-                "ConnectionRefusedError", "ServerTimeoutError", "ReadTimeoutError"):
+    if _unreachable(exc):
         return f"cannot reach the storage endpoint ({text})"
     if isinstance(exc, PermissionError):
         return f"access denied ({text})"
@@ -123,56 +155,126 @@ def open_parquet(path: AnyPath, *, known: dict[str, Any] | None = None,
 
     ``known``, when given, is where the first open of a file keeps its footer
     (and, remote, the object's details: size and ETag) for later opens of the
-    same file, which then ask for neither. Remote, a file reads exactly the
-    byte ranges pyarrow asks for (no read-ahead; ``pre_buffer`` coalesces a
-    row group's column chunks); with ``prefetch=(start, stop)`` (and a known
-    file) those bytes are fetched with one request and every read is served
-    from them: a read outside them is an error, never a silent request."""
+    same file, which then ask for neither. A local file must be a regular file
+    (:func:`refuse_special`). Remote, a file reads exactly the byte ranges
+    pyarrow asks for (no read-ahead; ``pre_buffer`` coalesces a row group's
+    column chunks), each request given up after the URL's :class:`Timeouts`;
+    with ``prefetch=(start, stop)`` those bytes are fetched with one request and
+    every read is served from them: a read outside them is an error, never a
+    silent request."""
     import pyarrow.parquet as pq
 
     memo = known if known is not None else {}
     if not is_remote(path):
+        refuse_special(path)
         handle = pq.ParquetFile(path, metadata=memo.get("footer"), **options)
         memo["footer"] = handle.metadata
         return handle
-    url = as_url_path(path)
-    details = memo.get("details")
+    key = as_url_path(path).path
     with remote_errors(path):
-        if prefetch is not None and details is not None:
+        details = memo.get("details") or remote_call(path, "info", key)
+        held = None
+        if prefetch is not None:
             start, stop = prefetch
-            held = url.fs.cat_file(url.path, start=start, end=stop)
-            source = url.fs.open(url.path, "rb", size=details["size"], cache_type="parts",
-                                 cache_options={"data": {(start, stop): held}, "strict": True})
-        else:
-            source = url.fs.open(url.path, "rb", cache_type="none",
-                                 **({"size": details["size"]} if details else {}))
-        if details:
-            source.details = details
+            held = (start, remote_call(path, "cat_file", key, start=start, end=stop))
+        source = RemoteFile(path, int(details["size"]), held)
         handle = pq.ParquetFile(source, metadata=memo.get("footer"), pre_buffer=True, **options)
-        memo["details"] = source.details
+        memo["details"] = details
     memo["footer"] = handle.metadata
     return handle
 
 
+class RemoteFile(io.RawIOBase):
+    """An object on object storage as a read-only file (for pyarrow): each read
+    is one ranged request, given up after the URL's :class:`Timeouts`; with
+    ``held`` (``(start, bytes)``) every read is served from those bytes, and a
+    read outside them is an error."""
+
+    def __init__(self, path: AnyPath, size: int, held: tuple[int, bytes] | None = None) -> None:
+        super().__init__()
+        self._path, self._key = path, as_url_path(path).path
+        self.size, self._held, self._at = size, held, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: self.size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def read(self, size: int | None = -1) -> bytes:
+        start = self._at
+        stop = self.size if size is None or size < 0 else min(self.size, start + size)
+        if stop <= start:
+            return b""
+        if self._held is None:
+            data = remote_call(self._path, "cat_file", self._key, start=start, end=stop)
+        else:
+            first, blob = self._held
+            if not first <= start <= stop <= first + len(blob):
+                raise ValueError(f"{self._path}: a read of bytes {start}..{stop} is outside "
+                                 f"the bytes fetched ({first}..{first + len(blob)})")
+            data = blob[start - first:stop - first]
+        self._at = start + len(data)
+        return bytes(data)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
+def open_remote(path: AnyPath, block_bytes: int = 8 << 20) -> io.BufferedReader:
+    """The object at the URL path ``path`` as a buffered read-only file: read
+    ``block_bytes`` a request, each given up after the URL's :class:`Timeouts`."""
+    with remote_errors(path):
+        size = int(remote_call(path, "info", as_url_path(path).path)["size"])
+    return io.BufferedReader(RemoteFile(path, size), buffer_size=block_bytes)
+
+
 def list_objects(prefix: AnyPath) -> dict[str, int]:
     """Every object under the URL path ``prefix``, relative to it, with its size
-    (none when nothing is there)."""
+    (none when nothing is there), as listed now (not a listing fsspec kept)."""
     url = as_url_path(prefix)
     root = url.path.rstrip("/") + "/"
     with remote_errors(prefix):
+        _forget_listings(url.fs, root.rstrip("/"))  # a cached listing is no answer
         try:
-            found = url.fs.find(root, detail=True)
+            found = remote_call(prefix, "find", root, detail=True)
         except FileNotFoundError:
             return {}
     return {name[len(root):]: int(info.get("size") or 0) for name, info in found.items()}
+
+
+def _forget_listings(fs: Any, path: str) -> None:
+    """Drop what ``fs`` keeps of listings of ``path``, its parents and every
+    folder under it (fsspec's ``invalidate_cache`` keeps the folders under it,
+    and a later listing does not replace them: their sizes and ETags would be
+    those of objects since rewritten)."""
+    fs.invalidate_cache(path)
+    cache = getattr(fs, "dircache", None)
+    if cache is not None:
+        for key in [k for k in list(cache) if str(k).startswith(path + "/")]:
+            cache.pop(key, None)
 
 
 def read_ranges(paths: Sequence[AnyPath], starts: Sequence[int],
                 stops: Sequence[int]) -> list[bytes]:
     """Byte ranges ``[starts[i], stops[i])`` of files ``paths[i]`` (one
     filesystem): fetched concurrently from object storage, ranges of one object
-    less than ``REMOTE_MAX_GAP`` apart with one request; read in turn from
-    local files."""
+    less than ``REMOTE_MAX_GAP`` apart with one request, given up after the
+    URL's :class:`Timeouts`; read in turn from local files, each opened with
+    :func:`open_regular`."""
     if not paths:
         return []
     if not is_remote(paths[0]):
@@ -180,20 +282,19 @@ def read_ranges(paths: Sequence[AnyPath], starts: Sequence[int],
         try:
             for path, start, stop in zip(paths, starts, stops, strict=True):
                 if path not in handles:
-                    handles[path] = open(path, "rb")  # noqa: SIM115 (closed below)
-                out.append(os.pread(handles[path].fileno(), stop - start, start))
+                    handles[path] = open_regular(path)
+                out.append(os.pread(handles[path], stop - start, start))
         finally:
             for handle in handles.values():
-                handle.close()
+                os.close(handle)
         return out
     from fsspec.utils import merge_offset_ranges
 
-    fs = as_url_path(paths[0]).fs
     keys = [as_url_path(p).path for p in paths]
     merged_keys, merged_starts, merged_stops = merge_offset_ranges(
         keys, list(starts), list(stops), max_gap=REMOTE_MAX_GAP, sort=True)
     with remote_errors(paths[0]):
-        blobs = fs.cat_ranges(merged_keys, merged_starts, merged_stops, on_error="raise")
+        blobs = fetch_ranges(paths[0], merged_keys, merged_starts, merged_stops)
     spans: dict[str, list[tuple[int, bytes]]] = {}
     for key, start, blob in zip(merged_keys, merged_starts, blobs, strict=True):
         spans.setdefault(key, []).append((start, blob))
@@ -202,3 +303,58 @@ def read_ranges(paths: Sequence[AnyPath], starts: Sequence[int],
         first, blob = next((a, b) for a, b in reversed(spans[key]) if a <= start)
         out.append(bytes(blob[start - first:stop - first]))
     return out
+
+
+# -- local files ---------------------------------------------------------------------------
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a link",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket"}
+
+
+def not_regular(path: str | os.PathLike[str], mode: int) -> StoreError | None:
+    """The error for a file of ``mode`` at ``path`` that is not a regular file
+    (``<path>: is not a regular file (a FIFO)``), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return StoreError(f"{path}: is not a regular file "
+                      f"({_KINDS.get(stat.S_IFMT(mode), 'of an unknown kind')})")
+
+
+def refuse_special(path: str | os.PathLike[str]) -> None:
+    """One :class:`StoreError` line when the local ``path`` is there but is not
+    a regular file (a FIFO, a device, a directory, a link): what is checked
+    before a library (pyarrow, zarr) opens it, as an open of a FIFO waits for a
+    writer forever. Nothing when it is not there: the opener says so."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return
+    error = not_regular(path, mode)
+    if error is not None:
+        raise error
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A descriptor of the local regular file ``path``, opened for reading
+    without blocking (a FIFO's open waits for a writer) and without following
+    a link, then checked (``fstat``): anything but a regular file is one
+    :class:`StoreError` line, never a wait. (The non-blocking flag changes
+    nothing for a regular file's reads.)"""
+    flags = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path}: is a link; a store's files must be its own (refused, "
+                             "not followed)") from None
+        raise StoreError(f"{path}: cannot open ({exc.strerror or exc})") from exc
+    try:
+        error = not_regular(path, os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if error is not None:
+        os.close(fd)
+        raise error
+    return fd

@@ -44,7 +44,7 @@ from windowkit.errors import StoreError
 from windowkit.formats import FORMATS
 from windowkit.guard import MANIFEST_NAME, read_manifest_bytes
 from windowkit.layout import RowLayout
-from windowkit.location import is_remote
+from windowkit.location import is_remote, not_regular, open_regular, open_remote
 from windowkit.spec import WindowSpec
 
 #: ``root``: the folder of the store (one path segment) its files live under, or "".
@@ -74,8 +74,12 @@ class _CountingReader:
 
 
 def file_digest(path: Path, on_bytes: Callable[[int], object] | None = None) -> str:
-    """The file's checksum (hex); ``on_bytes`` sees the size of each piece read."""
-    with path.open("rb") as fh:
+    """The file's checksum (hex); ``on_bytes`` sees the size of each piece read.
+    A local file is opened with :func:`~windowkit.location.open_regular` (a FIFO
+    or a directory is one line, never a wait), an object's reads are given up
+    after the URL's timeouts."""
+    opened = open_remote(path) if is_remote(path) else os.fdopen(open_regular(path), "rb")
+    with opened as fh:
         source: Any = fh if on_bytes is None else _CountingReader(fh, on_bytes)
         return hashlib.file_digest(source, CHECKSUM).hexdigest()
 
@@ -330,7 +334,9 @@ def check_statistics(stats: Statistics, where: str, dtype: str, values: int) -> 
 
 def refuse_links(root: Path, paths: list[str]) -> None:
     """Raise if any of ``paths`` (relative to ``root``) or a directory on the way
-    is a symbolic link: a store never holds links, and one could lead outside."""
+    is a symbolic link (a store never holds links, and one could lead outside),
+    or if one of them is there but is not a regular file (a FIFO, a device or a
+    directory, which a reader would wait on forever or fail to read)."""
     if is_remote(root):
         return  # object storage has no links
     seen: set[str] = set()
@@ -348,3 +354,6 @@ def refuse_links(root: Path, paths: list[str]) -> None:
             if stat.S_ISLNK(mode):
                 raise StoreError(f"{root / step}: is a symbolic link; a store's files are "
                                  "never links (one could lead outside the store)")
+            error = not_regular(root / step, mode) if depth == len(parts) else None
+            if error is not None:
+                raise error

@@ -241,9 +241,10 @@ def test_a_pipeline_error_is_the_windowkit_error_it_carries(tmp_path: Path,
     import tensorflow as tf
 
     store = convert_sources(sources, tmp_path / "store", "tfrecord")
-    damaged = damage_a_block(store)
+    dataset = wk.open_store(store.path).tf_dataset("train", 8, shuffle=False)
+    damaged = damage_a_block(store)  # after the dataset is built: found reading it
     with pytest.raises(tf.errors.OpError) as caught:
-        collect_epoch(wk.open_store(store.path).tf_dataset("train", 8, shuffle=False))
+        collect_epoch(dataset)
     carried = carried_error(caught.value)
     assert isinstance(carried, wk.StoreError) and "\n" not in str(carried)
     assert str(carried).startswith(f"{damaged}: record "), carried

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import stat
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +32,9 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from windowkit.errors import StoreError
+from windowkit.errors import StoreError, StoreUnreachableError
 from windowkit.formats.base import DataLayout, Piece, ReaderSetup, RowReader
-from windowkit.location import is_remote, read_ranges
+from windowkit.location import is_remote, not_regular, open_regular, read_ranges
 
 DIGEST_FILE = "_blocks.xxh3"  # in data/ ("_": Parquet dataset readers skip it)
 _MASK = (1 << 64) - 1
@@ -133,11 +134,24 @@ def write_digests(data_dir: Path, layout: DataLayout, parts: list[dict[str, Any]
 
 def ask_guard(setup: ReaderSetup) -> None:
     """Ask the store guard, afresh, whether the store was replaced (it raises
-    ``StoreReplacedError`` if so): before any read failure is called corruption."""
-    setup.check_store(fresh=True)
+    ``StoreReplacedError`` if so): before any read failure is called corruption.
+    Not when the failure being handled is object storage that did not answer
+    (:class:`StoreUnreachableError`): asking would wait on the same server again."""
+    if not _unreachable(sys.exc_info()[1]):
+        setup.check_store(fresh=True)
 
 
-def _no_link(where: str | Path) -> None:
+def _unreachable(error: BaseException | None) -> bool:
+    """Whether ``error``, or an error it was raised from, is a store that did not answer."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, StoreUnreachableError):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _no_link(where: str | Path, *, regular: bool = False) -> None:
     try:
         mode = os.lstat(where).st_mode
     except OSError as exc:
@@ -145,23 +159,30 @@ def _no_link(where: str | Path) -> None:
     if stat.S_ISLNK(mode):
         raise StoreError(f"{where}: is a link; a store's files must be its own "
                          "(refused, not followed)")
+    error = not_regular(where, mode) if regular else None
+    if error is not None:
+        raise error
 
 
 def refuse_link(path: Path) -> None:
-    """A local data file (and its directory) must not be a link: one line if it is."""
+    """A local data file must be a regular file (not a link, a FIFO, a device or
+    a directory: a FIFO would block its reader forever), and its directory not
+    a link: one line if not. What is checked before a library opens the file."""
     if is_remote(path):
         return
     _no_link(path.parent)
-    _no_link(path)
+    _no_link(path, regular=True)
 
 
 def read_file(path: Path, limit: int) -> bytes:
     """The bytes of a data file, at most ``limit`` (else one line): a local file
-    is opened without following a link."""
+    is opened without following a link, and must be a regular file."""
     if not is_remote(path):
         return read_local(str(path), limit)
     try:
         blob = read_ranges([path], [0], [limit + 1])[0]
+    except StoreError:
+        raise
     except OSError as exc:
         raise StoreError(f"{path}: cannot read ({exc})") from exc
     if len(blob) > limit:
@@ -171,17 +192,16 @@ def read_file(path: Path, limit: int) -> bytes:
 
 def read_local(path: str, limit: int) -> bytes:
     """:func:`read_file` of a local file named by a string (what a reader of
-    many small files calls per file: no ``pathlib``): it and its directory must
-    not be links, it is opened without following one, and read outside the
-    interpreter lock."""
+    many small files calls per file: no ``pathlib``): its directory must not be
+    a link, and it is opened with :func:`~windowkit.location.open_regular` (no
+    link followed, never blocking: a FIFO or a directory is one line), then
+    read outside the interpreter lock."""
     _no_link(os.path.dirname(path) or ".")
-    _no_link(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot open ({exc.strerror or exc})") from exc
+    fd = open_regular(path)
     try:
         blob = os.pread(fd, limit + 1, 0)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     finally:
         os.close(fd)
     if len(blob) > limit:

@@ -30,8 +30,8 @@ from windowkit.formats._checks import (
     ask_guard,
     checked,
     in_threads,
+    read_file,
     read_local,
-    refuse_link,
     write_digests,
 )
 from windowkit.formats.base import (
@@ -44,7 +44,7 @@ from windowkit.formats.base import (
     ReadSeries,
     RowReader,
 )
-from windowkit.location import as_url_path, is_remote, list_objects, read_ranges, remote_errors
+from windowkit.location import is_remote, list_objects, read_ranges
 from windowkit.spec import WindowSpec
 
 COMPRESSIONS = ("zstd", "gzip", "none")
@@ -52,6 +52,7 @@ _CHUNK_OVERHEAD = 64  # bytes a chunk file may add to its rows (checksum, frame 
 _CRC32C_RESIDUE = 0x48674BC7  # CRC-32C of any bytes followed by their CRC-32C (little-endian)
 
 _WRITE_BYTES = 16 << 20  # rows buffered before one multi-chunk write
+MAX_METADATA_BYTES = 16 << 20  # the most a zarr.json may hold (a few hundred bytes written)
 
 
 def dimension_names(step_shape: tuple[int, ...]) -> tuple[str, ...]:
@@ -137,16 +138,17 @@ class ZarrData(DataSection):
         return self
 
 
-def zarr_store(data_dir: Path) -> Any:
-    """The data directory as a Zarr store: a local path, or zarr's fsspec store."""
-    if not is_remote(data_dir):
-        return str(data_dir)
-    from zarr.storage import FsspecStore
+def open_array(data_dir: Path) -> Any:
+    """The Zarr array in ``data_dir``, read-only, from its ``zarr.json`` alone,
+    which windowkit reads itself (:func:`read_file`: a local file must be a
+    regular file and is opened without blocking, an object is fetched within
+    the URL's timeouts); zarr reads nothing, and windowkit reads the chunks."""
+    import zarr
+    from zarr.core.buffer import default_buffer_prototype
 
-    url = as_url_path(data_dir)
-    with remote_errors(data_dir):
-        return FsspecStore.from_url(str(url), read_only=True,
-                                    storage_options=dict(url.storage_options))
+    blob = read_file(data_dir / "zarr.json", MAX_METADATA_BYTES)
+    held = {"zarr.json": default_buffer_prototype().buffer.from_bytes(blob)}
+    return zarr.open_array(store=zarr.storage.MemoryStore(held, read_only=True), mode="r")
 
 
 class ZarrRowReader(RowReader):
@@ -178,16 +180,16 @@ class ZarrRowReader(RowReader):
         """Check the array's metadata against the manifest (once)."""
         if self._opened:
             return
-        import zarr
-
         setup, where = self._setup, self._data_dir / "zarr.json"
-        refuse_link(where)
         try:
-            array = zarr.open_array(store=zarr_store(self._data_dir), mode="r")
+            array = open_array(self._data_dir)
             found = (tuple(array.shape), tuple(array.chunks), np.dtype(array.dtype),
                      array.attrs.get(STORE_ID_KEY))
             codecs = _codec_names(array.metadata)
             key = array.metadata.encode_chunk_key((1,) + (0,) * (array.ndim - 1))
+        except StoreError:  # one line already: missing, a link, a FIFO, no answer
+            ask_guard(setup)  # a replaced store says so (not asked of a silent server)
+            raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             ask_guard(setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{where}: cannot open the Zarr array ({exc})") from exc
@@ -221,6 +223,8 @@ class ZarrRowReader(RowReader):
                 raise StoreError(f"{path}: holds {size} bytes, more than a chunk can")
         try:
             return read_ranges(paths, [0] * len(paths), [int(s or 0) for s in sizes])
+        except StoreError:
+            raise  # one line already (a server that did not answer)
         except OSError as exc:
             raise StoreError(f"{paths[0]}: cannot read ({exc})") from exc
 
@@ -443,6 +447,4 @@ class ZarrFormat:
         return 0  # one array; its chunk files are blocks
 
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
-        import zarr
-
-        return int(zarr.open_array(store=zarr_store(root / "data"), mode="r").shape[0])
+        return int(open_array(root / "data").shape[0])
