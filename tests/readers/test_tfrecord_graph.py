@@ -10,6 +10,7 @@ digest, also hashed a block at a time; XXH3 (the block digests) computed in the 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,39 @@ def test_a_part_cut_short_or_replaced_is_one_line(even_store: wk.Store, tmp_path
         part.unlink()
         part.mkdir()
         assert str(part) in _error_line(copy, shuffle=False)
+
+
+def test_a_refused_record_is_named_without_reading_its_whole_part(even_store: wk.Store,
+                                                                  tmp_path: Path) -> None:
+    """A part followed by a 40 GiB sparse tail, one record's data flipped after
+    the dataset was built: the line says which record, found by a few one-byte
+    reads, never a read of the whole part (which ran out of memory before)."""
+    copy = wk.open_store(shutil.copytree(even_store.path, tmp_path / "s"))
+    table = pq.read_table(copy.path / "data" / "records.parquet").to_pydict()
+    part = sorted((copy.path / "data").glob("*.tfrecord"))[0]
+    os.truncate(part, part.stat().st_size + (40 << 30))
+    dataset = _dataset(copy, shuffle=False)
+    at = table["offset"][3] + table["bytes"][3] // 2
+    with open(part, "r+b") as file:
+        file.seek(at)
+        byte = file.read(1)
+        file.seek(at)
+        file.write(bytes([byte[0] ^ 0x08]))
+    with pytest.raises(tf.errors.OpError) as caught:
+        _epoch(dataset)
+    assert str(carried_error(caught.value)) == (
+        f"{part}: record 3 at byte {table['offset'][3]}: record data fails its CRC check")
+
+
+def test_a_gzip_store_relabelled_uncompressed_is_one_line(tmp_path: Path) -> None:
+    import json
+
+    store = wk.convert([np.arange(6000, dtype=np.float32).reshape(3000, 2)], tmp_path / "s",
+                       format="tfrecord", window=8, compression="gzip")
+    manifest = json.loads((store.path / "windowkit.json").read_text())
+    manifest["data"]["compression"] = "none"
+    (store.path / "windowkit.json").write_text(json.dumps(manifest))
+    relabelled = wk.open_store(store.path)
+    line = _error_line(relabelled, shuffle=False)
+    assert line == _error_line(relabelled, numpy_path=True, shuffle=False)
+    assert "record 0 at byte 0: record length fails its CRC check" in line
