@@ -41,7 +41,7 @@ from windowkit.stats import Normalizer
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.readers.grain import WindowGrainSource
+    from windowkit.readers.grain import BatchGrainSource, WindowGrainSource
     from windowkit.readers.keras import WindowPyDataset
     from windowkit.readers.torch import WindowTorchDataset
 
@@ -428,6 +428,48 @@ class Store:
                                  return_series=batch.return_series,
                                  memory_budget=default_memory_budget() if budget is None
                                  else budget, spill_dir=spill_dir)
+
+    def grain_batches(self, split: str = "train", batch_size: int = 256, *,
+                      shuffle: bool | str = True, seed: int = 0, epoch: int = 0, epochs: int = 1,
+                      drop_remainder: bool = False, normalize: bool = False,
+                      return_series: bool = False, memory_budget: int | None = None,
+                      num_shards: int | None = None, shard_index: int | None = None,
+                      spill_dir: str | os.PathLike[str] | None = None) -> BatchGrainSource:
+        """A Grain random-access data source of whole batches, a
+        :class:`windowkit.readers.grain.BatchGrainSource`: ``src[i]`` is batch
+        ``i`` (NumPy: ``x``, ``(x, y)`` or a dict of fields), the same batch,
+        window for window, as :meth:`keras_dataset`'s of that epoch; for
+        ``grain.MapDataset.source(src)`` or ``grain.DataLoader(data_source=src,
+        ...)``, which then neither shuffle nor batch again. The fast Grain
+        source: Grain's cost per element is paid once a batch.
+
+        Grain hands a source indices below its ``len`` only (its own repeats
+        read the same items again), so the source holds ``epochs`` epochs one
+        after another, each in its own seeded order: item ``i`` is batch
+        ``i % src.batches_per_epoch`` of epoch ``epoch + i // src.batches_per_epoch``.
+
+        :param split: the split to read.
+        :param batch_size: windows per batch.
+        :param shuffle: as for :meth:`tf_dataset`.
+        :param seed: fixes every epoch's order.
+        :param epoch: the epoch of the first item (to go on from a known epoch).
+        :param epochs: how many epochs the source holds, one after another.
+        :param drop_remainder: leave out the last, smaller batch of an epoch.
+        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
+        :param return_series: add each window's series id to ``x``.
+        :param memory_budget: as for :meth:`tf_dataset` (per process: Grain's
+            worker processes each hold their own rows).
+        :param num_shards: as for :meth:`tf_dataset`; give the Grain sampler
+            ``grain.sharding.NoSharding()`` then (the source is the shard).
+        :param shard_index: as for :meth:`tf_dataset`.
+        :param spill_dir: as for :meth:`tf_dataset`.
+        """
+        from windowkit.readers.grain import batch_source
+
+        return batch_source(self.read_plan(split), batch_size, shuffle=shuffle, seed=seed,
+            epoch=epoch, epochs=epochs, drop_remainder=drop_remainder, normalize=normalize,
+            return_series=return_series, num_shards=num_shards, shard_index=shard_index,
+            memory_budget=memory_budget, spill_dir=spill_dir)
 
 
 def _as_dict(stats: Statistics | None) -> dict[str, Any] | None:

@@ -1,27 +1,47 @@
-"""A Grain random-access data source of one split's windows.
+"""Grain random-access data sources of one split: whole batches, or windows.
 
+Both implement Grain's ``RandomAccessDataSource`` protocol (``__len__``,
+``__getitem__``, and a ``__repr__`` naming what the items depend on, which
+Grain's checkpoints compare on restore), pickle as their read plan and
+arguments (Grain's worker processes build their own state), and hold the
+split's rows once per process on first use where they read them by random
+access (in memory within ``memory_budget``, else spilled to a private file on
+local disk).
+
+**Whole batches**, :class:`BatchGrainSource`
+(:meth:`windowkit.Store.grain_batches`), the fast one: item ``i`` is a whole
+batch (NumPy: ``x``, ``(x, y)`` or a dict of fields), the Keras reader's batch
+of the same epoch window for window, cut by
+:class:`windowkit.readers.numpy_engine.batches.EpochBatches` with one gather;
+Grain's cost per element is then paid once a batch::
+
+    src = store.grain_batches("train", 256, epochs=10)
+    for x, y in grain.MapDataset.source(src).to_iter_dataset():
+        ...
+
+Grain hands a source only indices below its ``len`` (``MapDataset.repeat``
+and ``IndexSampler(num_epochs=...)`` take them modulo ``len``), so a source
+never learns Grain's epoch; this one holds ``epochs`` epochs one after
+another instead, each in its own seeded order: item ``i`` is batch
+``i % batches_per_epoch`` of epoch ``epoch + i // batches_per_epoch``. An item
+depends on nothing but its index, so Grain's iterator checkpoints resume
+exactly. It checks the store once per epoch, as the other batch readers do.
+
+**Windows**, :class:`WindowGrainSource` (:meth:`windowkit.Store.grain_source`),
+for pipelines that shuffle, batch or transform per window in Grain:
 ``source[i]`` is window ``i`` of the split's index (``x``, ``(x, y)`` with a
 horizon, or a dict of fields: the same structure as a batch of the other
-readers, without the batch axis); Grain shuffles, batches, shards and
-checkpoints::
+readers, without the batch axis)::
 
     src = store.grain_source("train")
     ds = grain.MapDataset.source(src).shuffle(seed=0).batch(256)
 
-It implements Grain's ``RandomAccessDataSource`` protocol (``__len__``,
-``__getitem__``, a ``__repr__`` that names the store and split, for Grain's
-checkpoints) and its batched read ``_getitems``: one NumPy gather for many
-windows, which Grain uses where it batches reads.
-
-The split's rows are held once per process, on first use (in memory within
-``memory_budget``, else spilled to a private file on local disk, as a uniform
-shuffle holds them): every window is then one contiguous row range, read in
-any order. The source pickles as its read plan and arguments, so Grain's
-worker processes work with it.
-
-A store replaced while it is read (``convert --overwrite``) is
+It offers Grain's batched read ``_getitems`` (one NumPy gather for many
+windows, which Grain uses where it batches reads), and holds the split's rows
+whatever the shuffle: every window is one contiguous row range, read in any
+order. A store replaced while it is read (``convert --overwrite``) is
 :class:`windowkit.errors.StoreReplacedError`, never its old rows served on:
-a Grain source has no epochs, so it checks the store (a ``stat`` of its
+this source has no epochs, so it checks the store (a ``stat`` of its
 directory) when it holds the rows, then before a read once
 ``CHECK_SECONDS`` have passed or ``len(src)`` windows (a pass over the split)
 were read since the last check: an error within about a second of reading,
@@ -46,7 +66,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from windowkit.errors import check_int
+from windowkit.readers.numpy_engine.batches import Batch, EpochBatches
 from windowkit.readers.numpy_engine.held import HeldRows
+from windowkit.readers.options import BatchOptions, ShardOptions, ShuffleOptions
+from windowkit.sampler import group_size
 
 if TYPE_CHECKING:
     from windowkit.readers.numpy_engine.fields import BatchFields
@@ -156,14 +180,87 @@ class WindowGrainSource:
                 f"return_series={self.return_series})")
 
 
-def _index(value: object) -> int:
-    """``value`` as a window index: an integer (Python or NumPy), not a bool."""
+def batch_source(plan: ReadPlan, batch_size: int = 256, *, shuffle: bool | str = True,
+                 seed: int = 0, epoch: int = 0, epochs: int = 1, drop_remainder: bool = False,
+                 normalize: bool = False, return_series: bool = False,
+                 num_shards: int | None = None, shard_index: int | None = None,
+                 memory_budget: int | None = None,
+                 spill_dir: str | os.PathLike[str] | None = None) -> BatchGrainSource:
+    """A :class:`BatchGrainSource` of ``plan`` (the whole split), its arguments
+    checked as :meth:`windowkit.Store.keras_dataset` checks them."""
+    batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
+                                 normalize=normalize, return_series=return_series)
+    order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
+                                   spill_dir=spill_dir)
+    shard = ShardOptions.checked(num_shards, shard_index)
+    batches = EpochBatches(plan.shard_of(shard.num_shards, shard.shard_index), batch, order)
+    return BatchGrainSource(batches, epoch=check_int("epoch", epoch, 0),
+                            epochs=check_int("epochs", epochs, 1))
+
+
+class BatchGrainSource:
+    """Whole batches of one split (or one shard of it), ``epochs`` epochs one
+    after another: item ``i`` is batch ``i % batches_per_epoch`` of epoch
+    ``epoch + i // batches_per_epoch``, the same batch, window for window, as
+    the Keras reader's of that epoch. Build it with
+    :meth:`windowkit.Store.grain_batches`."""
+
+    def __init__(self, batches: EpochBatches, *, epoch: int = 0, epochs: int = 1) -> None:
+        self.batches = batches
+        self.epoch, self.epochs = epoch, epochs
+        self.batches_per_epoch = batches.batches_per_epoch
+
+    @property
+    def batch_size(self) -> int:
+        return self.batches.batch_size
+
+    def __len__(self) -> int:
+        """Batches of all ``epochs`` epochs."""
+        return self.batches_per_epoch * self.epochs
+
+    def position(self, index: int) -> tuple[int, int]:
+        """``(epoch, batch)``: where item ``index`` lies (negative counts from the end)."""
+        i = index if type(index) is int else _index(index, "batch")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"batch {index} is out of range for {n} batches (epochs="
+                             f"{self.epochs}, batches_per_epoch={self.batches_per_epoch})")
+        epoch, batch = divmod(i % n, self.batches_per_epoch)
+        return self.epoch + epoch, batch
+
+    def __getitem__(self, index: int) -> Batch:
+        """Item ``index``: batch ``index % batches_per_epoch`` of epoch
+        ``epoch + index // batches_per_epoch``, as NumPy arrays."""
+        return self.batches.batch_at(*self.position(index))
+
+    def identity(self) -> dict[str, Any]:
+        """What the items depend on: the store, split, order, batches, shard and epochs."""
+        saved = self.batches.identity()
+        if self.batches.holds_rows:  # a uniform order, whether the rows fit once or more
+            saved["mode"] = "uniform"
+        elif saved["mode"] == "blocks":  # the order depends on the group size too
+            saved["group_blocks"] = group_size(self.batches.plan, self.batches.order.shuffle_blocks,
+                                               cache_bytes=self.batches.choice.cache_bytes)
+        batch = self.batches.batch
+        return {**saved, "store_id": saved["store_id"][:12], "epoch": self.epoch,
+                "epochs": self.epochs, "batches": len(self), "normalize": batch.normalize,
+                "return_series": batch.return_series}
+
+    def __repr__(self) -> str:
+        """Names everything an item depends on (Grain's checkpoints compare it on
+        restore, so restoring into a source built otherwise is refused)."""
+        fields = ", ".join(f"{key}={value!r}" for key, value in self.identity().items())
+        return f"BatchGrainSource({fields})"
+
+
+def _index(value: object, what: str = "window") -> int:
+    """``value`` as a ``what`` index: an integer (Python or NumPy), not a bool."""
     if not isinstance(value, bool | np.bool_):
         try:
             return operator.index(value)  # type: ignore[arg-type]
         except TypeError:
             pass
-    raise TypeError(f"window indices are integers, got {value!r} "
+    raise TypeError(f"{what} indices are integers, got {value!r} "
                     f"({type(value).__name__})")
 
 
