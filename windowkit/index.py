@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from windowkit._schema import check_columns
-from windowkit.errors import StoreError
+from windowkit.errors import InvalidSpecError, StoreError
 from windowkit.location import open_parquet
 from windowkit.spec import WindowSpec
 
@@ -376,3 +376,30 @@ def read_window_runs(path: Path, *, stride: int, row_offset: np.ndarray,
         return WindowRuns(empty.astype(np.int32), empty, empty, stride, row_offset)
     series, first, count = (np.concatenate(part) for part in zip(*runs, strict=True))
     return WindowRuns(series, first, count, stride, row_offset)
+
+
+def index_positions(positions: object, total: int) -> np.ndarray:
+    """``positions`` of an index of ``total`` windows as int64 positions, as
+    NumPy indexes an array of that length: an integer or an array of integers
+    (any integer dtype; negative ones count from the end), a slice, or a
+    boolean mask of ``total`` entries. Anything else, a float say, is one line
+    (``1.9`` is no window 1)."""
+    if isinstance(positions, slice):
+        return np.arange(total, dtype=np.int64)[positions]
+    values = np.asarray(positions)
+    if values.dtype == bool:
+        if values.shape != (total,):
+            raise IndexError(f"a boolean mask of window positions has shape {values.shape}, "
+                             f"the index has {total} windows")
+        return np.flatnonzero(values).astype(np.int64)
+    if values.size == 0 and values.dtype.kind in "fO":  # [] reads as float64: no window
+        return np.zeros(0, dtype=np.int64)
+    if values.dtype.kind not in "iu":
+        raise InvalidSpecError(f"window positions are integers (or a slice, or a boolean "
+                               f"mask), got {values.dtype} values such as "
+                               f"{values.ravel()[0]!r}")
+    flat = values.astype(np.int64).ravel()
+    if flat.size and (flat.min() < -total or flat.max() >= total):
+        bad = flat[(flat < -total) | (flat >= total)][0]
+        raise IndexError(f"window position {bad} is out of range for {total} windows")
+    return np.where(flat < 0, flat + total, flat)

@@ -18,7 +18,7 @@ from windowkit.errors import (
 )
 from windowkit.formats import RowReader
 from windowkit.guard import StoreGuard
-from windowkit.index import IndexLimits, WindowRuns
+from windowkit.index import IndexLimits, WindowRuns, index_positions
 from windowkit.layout import RowLayout
 from windowkit.location import resolve
 from windowkit.manifest import Manifest, SplitEntry, Statistics
@@ -228,11 +228,12 @@ class Store:
         with a horizon, ``(x, y)``; ``x`` is a dict of fields (``inputs``,
         ``future_known``, ``static``, ``series``) when the store has known-future
         or static columns, or ``return_series`` (see
-        :mod:`windowkit.readers.numpy_engine.fields`)."""
+        :mod:`windowkit.readers.numpy_engine.fields`). ``positions`` index as
+        NumPy indexes: integers (negative from the end), a slice or a boolean
+        mask; anything else is one line."""
         self._split(split)
         runs = self.runs(split)
-        starts, series = runs.global_starts_and_series(
-            np.asarray(positions, dtype=np.int64).ravel())
+        starts, series = runs.global_starts_and_series(index_positions(positions, runs.total))
         with self._lock:
             if self._gather is None:
                 self._gather = self.window_gather()
