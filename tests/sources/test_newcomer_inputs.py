@@ -338,3 +338,31 @@ def test_table_options_are_named_by_flags_on_the_command_line(tmp_path: Path) ->
     with pytest.raises(wk.SourceError, match=r"^DataFrame: time column 'YEAR' has type bool; "
                                              r"expected integers, dates or timestamps"):
         wk.convert(frame, tmp_path / "t", window=4, time_col="YEAR")
+
+
+# -- dtypes no format stores exactly: refused before anything is written ------------------------
+@pytest.mark.parametrize("fmt", ["zarr", "parquet", "tfrecord"])
+def test_a_longdouble_array_is_refused_before_anything_is_written(tmp_path: Path,
+                                                                  fmt: str) -> None:
+    with pytest.raises(wk.SourceError, match="dtype float128 is not supported") as caught:
+        wk.convert([np.ones((50, 2), dtype=np.longdouble)], tmp_path / "s", format=fmt,
+                   window=4)
+    assert "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_longdouble_dataframe_column_is_one_line(tmp_path: Path) -> None:
+    frame = pd.DataFrame({"a": np.ones(50, dtype=np.longdouble), "b": np.arange(50.0)})
+    with pytest.raises(wk.SourceError, match="float128") as caught:
+        wk.convert(frame, tmp_path / "s", format="parquet", window=4)
+    assert "\n" not in str(caught.value) and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "parquet", "tfrecord"])
+def test_dtype_float128_on_the_command_line_is_one_line(tmp_path: Path, fmt: str) -> None:
+    table = tmp_path / "t.csv"
+    table.write_text("a,b\n" + "\n".join(f"{i},{i}" for i in range(50)))
+    result = _cli("convert", table, "--format", fmt, "--out", tmp_path / "s", "--window", 4,
+                  "--dtype", "float128", "-q")
+    assert result.exit_code == 2 and "--dtype must be a float or integer dtype" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]

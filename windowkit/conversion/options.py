@@ -220,7 +220,7 @@ def table_dtype(value: Any) -> str | None:
         dtype = np.dtype(value)
     except TypeError:
         dtype = None
-    if dtype is None or dtype.kind not in "fiu" or isinstance(value, bool):
+    if dtype is None or dtype.kind not in "fiu" or dtype.itemsize > 8 or isinstance(value, bool):
         raise InvalidSpecError(f"--dtype must be a float or integer dtype (float16, float32, "
                                f"float64, int8 .. int64, uint8 .. uint64), got {value!r}")
     return dtype.name

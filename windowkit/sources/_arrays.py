@@ -62,11 +62,12 @@ def _native(dtype: np.dtype) -> np.dtype:
 
 
 def check_dtype(dtype: np.dtype, where: str) -> np.dtype:
-    """Accept numeric dtypes only: floats, signed and unsigned ints, bool."""
-    if dtype.kind not in "fiub" or dtype.fields is not None:
+    """Accept the dtypes every format stores exactly: float16/32/64, signed and
+    unsigned ints, bool (not float128/longdouble, which no format holds)."""
+    if dtype.kind not in "fiub" or dtype.fields is not None or dtype.itemsize > 8:
         raise SourceError(
             f"{where}: dtype {dtype} is not supported; expected a real numeric dtype "
-            "(float16/32/64, int, uint or bool)"
+            "(float16/32/64, int8..64, uint8..64 or bool)"
         )
     return _native(dtype)
 

@@ -188,7 +188,13 @@ def _batches(source: Any, name: str, needed: list[str] | None,
         yield from dataset_batches(source, needed, parts)
         return
     if not isinstance(source, (str, os.PathLike)):
-        table = pa.Table.from_pandas(source, preserve_index=False)
+        try:
+            table = pa.Table.from_pandas(source, preserve_index=False)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            column = str(exc.args[-1]) if exc.args else str(exc)
+            raise SourceError(f"{name}: a column holds values no table can store "
+                              f"({column}); expected numbers of float16/32/64, int, uint "
+                              "or bool, timestamps or text") from exc
         yield from table.to_batches(_BATCH_ROWS)
         return
     path = os.fspath(source)
