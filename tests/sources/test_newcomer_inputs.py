@@ -366,3 +366,32 @@ def test_dtype_float128_on_the_command_line_is_one_line(tmp_path: Path, fmt: str
                   "--dtype", "float128", "-q")
     assert result.exit_code == 2 and "--dtype must be a float or integer dtype" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
+
+
+# -- a column given two roles ---------------------------------------------------------------------
+def _chicks(tmp_path: Path) -> Path:
+    """A long-form panel as exported: chick, time, weight."""
+    frame = pd.DataFrame({"chick": np.repeat([1, 2, 3], 20), "time": np.tile(np.arange(20), 3),
+                          "weight": np.arange(60.0)})
+    frame.to_csv(tmp_path / "chicks.csv", index=False)
+    return tmp_path / "chicks.csv"
+
+
+@pytest.mark.parametrize(("flags", "roles"), [
+    (["--series-col", "chick", "--columns", "weight,chick"], "the series column"),
+    (["--series-col", "chick", "--time-col", "time", "--columns", "time,weight"],
+     "the time column"),
+    (["--series-col", "chick", "--time-col", "chick"], "the time column")],
+    ids=["series and feature", "time and feature", "series and time"])
+def test_a_column_given_two_roles_is_one_line_naming_both(tmp_path: Path, flags: list[str],
+                                                          roles: str) -> None:
+    result = _cli("convert", _chicks(tmp_path), "--format", "zarr", "--out", tmp_path / "s",
+                  "--window", 4, *flags)
+    assert result.exit_code == 2, result.output
+    assert "is both" in result.output and roles in result.output, result.output
+    assert not (tmp_path / "s").exists()
+    frame = pd.read_csv(tmp_path / "chicks.csv")
+    with pytest.raises(wk.SourceError, match="is both a feature column \\(columns\\) and the "
+                       "series column \\(series_col\\)"):
+        wk.convert(frame, tmp_path / "p", format="zarr", window=4, series_col="chick",
+                   columns=["weight", "chick"])

@@ -49,6 +49,7 @@ def read_schema(name: str, options: TableOptions, schema: pa.Schema) -> TableCol
     """Check the table ``name``'s schema against ``options``; the columns to stage."""
     names = schema.names
     _check_present(name, options, names)
+    _check_roles(name, options)
     _check_static(name, options, schema)
     static = list(options.static_columns or ())
     skip = {options.series_col, options.time_col, *static}
@@ -80,6 +81,22 @@ def _check_present(name: str, options: TableOptions, names: list[str]) -> None:
             listed = ", ".join(names[:_LISTED]) + (
                 f", ... ({len(names)} in all)" if len(names) > _LISTED else "")
             raise SourceError(f"{name}: no {label} column {column!r} (columns: {listed})")
+
+
+def _check_roles(name: str, options: TableOptions) -> None:
+    """A column has one role: the series, the time or a feature."""
+    series, time = options.series_col, options.time_col
+    if series is not None and series == time:
+        raise SourceError(f"{name}: column {series!r} is both the series column "
+                          "(--series-col) and the time column (--time-col); give each "
+                          "column one role")
+    for column in options.columns or ():
+        if column in (series, time):
+            role, flag = (("the series", "--series-col") if column == series
+                          else ("the time", "--time-col"))
+            raise SourceError(f"{name}: column {column!r} is both a feature column "
+                              f"(--columns) and {role} column ({flag}); give each column "
+                              "one role")
 
 
 def _check_names(name: str, names: list[str], used: set[str | None]) -> None:
