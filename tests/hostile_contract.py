@@ -671,7 +671,7 @@ class HostileStoreTests:
         finally:
             _checks._CHECKS = True
         assert "digest" in str(_error_of(lambda: _read_windows(wk.open_store(store))))
-        assert os.path.exists(store / "data/_blocks.xxh3")
+        assert os.path.exists(store / "blocks.xxh3")
 
     # -- 2. hostile stores: every mutation through every reader ------------------------------------
     @pytest.mark.parametrize("name", _cases(tf=False))

@@ -120,12 +120,13 @@ def test_xarray_opens_the_zarr_array(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ds["rows"].values, values)
 
 
-@pytest.mark.parametrize(("names", "stored"), [
-    (["temp", "wind"], ["temp", "wind"]),  # the source's names
-    (["row", "wind"], ["f0", "f1"]),  # a bookkeeping column's name: positions instead
+@pytest.mark.parametrize(("names", "bookkeeping"), [
+    (["temp", "wind"], ["series", "row"]),  # the source's names
+    (["row", "wind"], ["series", "_row"]),  # a bookkeeping column's name: that one gives way
+    (["series", "_series"], ["__series", "row"]),
 ])
 def test_parquet_value_columns_keep_the_source_names(tmp_path: Path, names: list[str],
-                                                     stored: list[str]) -> None:
+                                                     bookkeeping: list[str]) -> None:
     import pandas as pd
     import pyarrow.parquet as pq
 
@@ -137,7 +138,8 @@ def test_parquet_value_columns_keep_the_source_names(tmp_path: Path, names: list
                        series_col="id", time_col="t")
     parts = sorted((tmp_path / "s" / "data").glob("part-*.parquet"))
     table = pq.read_table(parts[0])
-    assert table.column_names == ["series", "row", *stored]
+    stored = names
+    assert table.column_names == [*bookkeeping, *stored]
     assert store.manifest.data["columns"] == stored
     np.testing.assert_array_equal(table.select(stored).to_pandas().to_numpy()[:20],
                                   values[:20])
@@ -145,3 +147,26 @@ def test_parquet_value_columns_keep_the_source_names(tmp_path: Path, names: list
     first = [values[s:s + 4] for s in range(17)] + [values[20 + s:24 + s] for s in range(17)]
     np.testing.assert_array_equal(x, np.stack(first))
     assert verify_store(tmp_path / "s") == []
+
+
+def test_polars_and_duckdb_read_a_parquet_stores_data_as_one_table(tmp_path: Path) -> None:
+    """``data/`` of a Parquet store holds its table alone (the block digests lie
+    beside it), so Polars and DuckDB read the directory as it is, with the
+    source's column names."""
+    import duckdb
+    import pandas as pd
+    import polars as pl
+
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(300, 2)).astype(np.float32)
+    frame = pd.DataFrame({"id": np.repeat(["a", "b", "c"], 100), "row": values[:, 0],
+                          "wind": values[:, 1]})
+    store = wk.convert(frame, tmp_path / "s", format="parquet", window=4, series_col="id",
+                       block_rows=64)
+    data = store.path / "data"
+    assert sorted(p.suffix for p in data.iterdir()) == [".parquet"] * len(list(data.iterdir()))
+    polars = pl.read_parquet(data).sort(["series", "_row"])
+    np.testing.assert_array_equal(polars.select(["row", "wind"]).to_numpy(), values)
+    (count,), = duckdb.sql(f"select count(*) from read_parquet('{data}/**')").fetchall()
+    assert count == len(values)
+    assert verify_store(store.path) == []

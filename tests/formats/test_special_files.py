@@ -38,12 +38,12 @@ WATCHDOG_SECONDS = 20.0  # a read still waiting on a FIFO then is a hang
 #: Every file of a store of each format that a reader opens (one Zarr chunk stands
 #: for all; the TFRecord part is the store's one part).
 STORE_FILES = {
-    "zarr": ["windowkit.json", "series.parquet", "index/train.parquet", "data/_blocks.xxh3",
+    "zarr": ["windowkit.json", "series.parquet", "index/train.parquet", "blocks.xxh3",
              "data/zarr.json", "data/c/1/0"],
     "parquet": ["windowkit.json", "series.parquet", "index/train.parquet",
-                "data/_blocks.xxh3", "data/part-00000.parquet"],
+                "blocks.xxh3", "data/part-00000.parquet"],
     "tfrecord": ["windowkit.json", "series.parquet", "index/train.parquet",
-                 "data/_blocks.xxh3", "data/records.parquet",
+                 "blocks.xxh3", "data/records.parquet",
                  "data/part-00000-of-00001.tfrecord"],
 }
 CASES = [(fmt, name) for fmt, names in STORE_FILES.items() for name in names]
@@ -205,15 +205,15 @@ def test_the_opening_helpers_never_block(pristine: dict[str, Path], tmp_path: Pa
     """Each way windowkit opens a store file, called on a FIFO (or a directory)
     directly, as when one is swapped in after the checks: one line, no wait."""
     root = _copy(pristine, tmp_path, "tfrecord")
-    for name in ("data/_blocks.xxh3", "data/part-00000-of-00001.tfrecord",
+    for name in ("blocks.xxh3", "data/part-00000-of-00001.tfrecord",
                  "data/records.parquet"):
         _replace(root / name, kind)
     opens: list[tuple[Path, Callable[[Path], object]]] = [
-        (root / "data/_blocks.xxh3", lambda p: read_file(p, 1 << 20)),
+        (root / "blocks.xxh3", lambda p: read_file(p, 1 << 20)),
         (root / "data/part-00000-of-00001.tfrecord", lambda p: read_ranges([p], [0], [16])),
         (root / "data/records.parquet", open_parquet),
         (root / "data/records.parquet", refuse_link),
-        (root / "data/_blocks.xxh3", file_digest),
+        (root / "blocks.xxh3", file_digest),
     ]
     with no_hang(root):
         for path, opener in opens:

@@ -36,7 +36,10 @@ from windowkit.errors import StoreError, StoreUnreachableError
 from windowkit.formats.base import DataLayout, Piece, ReaderSetup, RowReader
 from windowkit.location import is_remote, not_regular, open_regular, read_ranges
 
-DIGEST_FILE = "_blocks.xxh3"  # in data/ ("_": Parquet dataset readers skip it)
+#: beside data/, not in it: data/ of a Parquet store is then its table alone, which
+#: Polars, DuckDB and Spark read as it is (a store written before keeps it in data/,
+#: where its manifest says)
+DIGEST_FILE = "blocks.xxh3"
 _MASK = (1 << 64) - 1
 
 #: Where a block lies (``"<file>: <unit>"``), for messages.
@@ -118,18 +121,19 @@ class BlockDigester:
 
 
 def write_digests(data_dir: Path, layout: DataLayout, parts: list[dict[str, Any]]) -> str:
-    """Write ``data/_blocks.xxh3`` from the parts' summaries (in part order);
-    return its path in the store, for the manifest's ``data`` section."""
+    """Write ``blocks.xxh3`` (beside ``data/``) from the parts' summaries (in
+    part order); return its path in the store, for the manifest's ``data``
+    section."""
     pairs = [pair for part in parts for pair in part["digests"]]
     if len(pairs) != layout.rows.num_blocks or (parts and parts[0]["first_block"] != 0):
         raise StoreError(f"{data_dir}: the parts digested {len(pairs)} blocks, the store "
                          f"has {layout.rows.num_blocks}")
     table = np.array(pairs, dtype=np.uint64).reshape(-1, 2).astype("<u8")
-    with open(data_dir / DIGEST_FILE, "wb") as out:
+    with open(data_dir.parent / DIGEST_FILE, "wb") as out:
         out.write(table.tobytes())
         out.flush()
         os.fsync(out.fileno())
-    return f"data/{DIGEST_FILE}"
+    return DIGEST_FILE
 
 
 def ask_guard(setup: ReaderSetup) -> None:

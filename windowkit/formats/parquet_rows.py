@@ -51,21 +51,34 @@ from windowkit.spec import WindowSpec
 OPEN_FILES = 2  # part files a reader keeps open
 COMPRESSIONS = ("zstd", "gzip", "none")
 _ROW_OVERHEAD = 12  # the series (int32) and row (int64) columns of a row
-BOOKKEEPING = frozenset({"series", "row"})  # the columns besides the values
 _GROUP_OVERHEAD = 2048  # footer metadata of one row group (and its page headers)
 
 
 def value_columns(step_shape: tuple[int, ...], names: Sequence[str] | None) -> list[str]:
     """Names of the value columns for a step shape: a vector step's features
-    keep their source names (``names``), unless the source had none or one of
-    them is the name of a bookkeeping column; then ``f0 .. f{F-1}``."""
+    keep their source names (``names``), whatever they are; ``f0 .. f{F-1}``
+    where the source had none."""
     if not step_shape:
         return ["value"]
     if len(step_shape) == 1:
-        if names and len(names) == step_shape[0] and not set(names) & BOOKKEEPING:
+        if names and len(names) == step_shape[0]:
             return list(names)
         return [f"f{i}" for i in range(step_shape[0])]
     return ["values"]
+
+
+def bookkeeping_columns(values: Sequence[str]) -> tuple[str, str]:
+    """The names of the series and row columns beside the ``values``: ``series``
+    and ``row``, with a ``_`` put in front while a value column has the name
+    (the layout's own columns give way, never the user's)."""
+    taken = set(values)
+
+    def free(name: str) -> str:
+        while name in taken:
+            name = f"_{name}"
+        return name
+
+    return free("series"), free("row")
 
 
 class ParquetData(DataSection):
@@ -98,10 +111,11 @@ class _TableBuilder:
     def __init__(self, layout: DataLayout) -> None:
         self._step_shape = layout.rows.step_shape
         self._items = int(np.prod(layout.rows.step_shape, dtype=np.int64))
+        values = value_columns(layout.rows.step_shape, layout.columns)
+        self.series, row = bookkeeping_columns(values)
         self.schema = pa.schema(
-            [pa.field("series", pa.int32()), pa.field("row", pa.int64()),
-             *value_fields(layout.rows.dtype, layout.rows.step_shape,
-                           value_columns(layout.rows.step_shape, layout.columns))],
+            [pa.field(self.series, pa.int32()), pa.field(row, pa.int64()),
+             *value_fields(layout.rows.dtype, layout.rows.step_shape, values)],
             metadata={STORE_ID_KEY: layout.store_id})
 
     def __call__(self, piece: Piece) -> pa.Table:
@@ -190,8 +204,9 @@ class ParquetRowReader(RowReader):
                  for name in self._columns]
         if [f.type if f else None for f in found] != [f.type for f in self._fields] or [
                 f.name for f in self._fields] != self._columns:
+            bookkeeping = bookkeeping_columns(self._columns)
             have = ", ".join(f"{f.name}: {f.type}" for f in schema
-                             if f.name not in ("series", "row"))
+                             if f.name not in bookkeeping)
             want = ", ".join(f"{f.name}: {f.type}" for f in self._fields)
             raise StoreError(f"{path}: value columns ({have}) differ from the manifest's "
                              f"({want})")
@@ -337,7 +352,7 @@ class ParquetFormat:
         compression = None if layout.compression == "none" else layout.compression
         with pq.ParquetWriter(data_dir / name, build.schema, compression=compression,
                               write_page_checksum=True, write_statistics=True,
-                              use_dictionary=["series"]) as writer:
+                              use_dictionary=[build.series]) as writer:
             block: list[pa.Table] = []
 
             def write_block() -> None:
