@@ -142,7 +142,8 @@ def plot(path: str | os.PathLike[str], png: str | os.PathLike[str]) -> None:
         3, 1, figsize=(10, 11), constrained_layout=True,
         gridspec_kw={"height_ratios": [1, 2.2, 1]})
     _plot_lengths(lengths, rows, store.spec.span)
-    _plot_coverage(timeline, store, rows, list(summary["splits"]))
+    keys = [str(k) for k in store.series_table.column("key").to_pylist()]
+    _plot_coverage(timeline, store, rows, list(summary["splits"]), keys)
     _plot_counts(counts, summary)
     fig.suptitle(f"{summary['path']}: {summary['format']}, {summary['series']:,} series, "
                  f"{summary['rows']:,} rows")
@@ -150,9 +151,20 @@ def plot(path: str | os.PathLike[str], png: str | os.PathLike[str]) -> None:
     plt.close(fig)
 
 
+def length_bins(rows: np.ndarray) -> np.ndarray:
+    """The bin edges of the series-length histogram: geometric over a wide
+    range; over a narrow one (one length, or lengths close together) linear and
+    at least a tenth of the lengths wide, so that no bar is a sliver."""
+    low, high = int(rows.min()), int(rows.max())
+    if high > 20 * max(1, low):
+        return np.unique(np.geomspace(max(1, low), high + 1, 40).astype(int))
+    pad = max(1.0, 0.1 * high) if high - low < 0.1 * high or high == low else 0.0
+    bins = min(40, max(1, high - low + 1))
+    return np.linspace(max(0.0, low - pad), high + 1 + pad, bins + 1)
+
+
 def _plot_lengths(ax: Any, rows: np.ndarray, span: int) -> None:
-    bins = np.unique(np.geomspace(max(1, rows.min()), max(2, rows.max() + 1), 40).astype(int))
-    ax.hist(rows, bins=bins if len(bins) > 1 else 10, color="tab:blue")
+    ax.hist(rows, bins=length_bins(rows), color="tab:blue")
     if rows.max() > 20 * max(1, rows.min()):
         ax.set_xscale("log")
     ax.axvline(span, color="tab:red", linestyle="--", label=f"a window's span ({span} rows)")
@@ -162,9 +174,11 @@ def _plot_lengths(ax: Any, rows: np.ndarray, span: int) -> None:
     ax.legend(loc="upper right")
 
 
-def _plot_coverage(ax: Any, store: Any, rows: np.ndarray, splits: list[str]) -> None:
-    """One line per sampled series: its rows, and under it the rows each split's
-    windows read (blank stretches: gaps, missing values, or no window fits)."""
+def _plot_coverage(ax: Any, store: Any, rows: np.ndarray, splits: list[str],
+                   keys: list[str]) -> None:
+    """One line per sampled series, labelled by its key: its rows, and under it
+    the rows each split's windows read (blank stretches: gaps, missing values,
+    or no window fits)."""
     sample = np.unique(np.linspace(0, len(rows) - 1, min(SAMPLED_SERIES, len(rows))).astype(int))
     colors = ["tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
     height = 0.8 / (len(splits) + 1)
@@ -180,7 +194,7 @@ def _plot_coverage(ax: Any, store: Any, rows: np.ndarray, splits: list[str]) -> 
             ax.broken_barh([(int(a), int(b - a)) for a, b in zip(lo, hi, strict=True)],
                            (y + (k + 1) * height, height * 0.9), color=colors[k % len(colors)],
                            label=name if y == 0 else None)
-    ax.set_yticks(np.arange(len(sample)) + 0.4, [f"series {s}" for s in sample], fontsize=7)
+    ax.set_yticks(np.arange(len(sample)) + 0.4, [keys[s] for s in sample], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("row within the series")
     ax.set_title(f"rows the windows of each split read ({len(sample)} of {len(rows):,} series; "

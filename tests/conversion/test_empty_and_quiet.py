@@ -86,9 +86,11 @@ def test_the_cli_refuses_a_table_without_windows(tmp_path: Path, rows: int, extr
     _nothing_left(tmp_path, "wide.csv")
 
 
-def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "windowkit" and r.levelno == logging.WARNING]
+def _warnings(caught: pytest.WarningsRecorder, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What Python was told: UserWarnings (the package logger says nothing more)."""
+    assert not [r for r in caplog.records if r.name == "windowkit"
+                and r.levelno == logging.WARNING]
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
 
 
 def test_an_empty_split_is_one_warning_and_an_error_when_read(
@@ -96,11 +98,11 @@ def test_an_empty_split_is_one_warning_and_an_error_when_read(
     """70/30 of short series leaves val without a window: said once at conversion,
     with the history context's count; both readers refuse to read it."""
     out = tmp_path / "store"
-    with caplog.at_level(logging.WARNING, logger="windowkit"):
+    with pytest.warns(UserWarning) as caught, caplog.at_level(logging.WARNING, "windowkit"):
         store = wk.convert(_series(30, 25), out, format=concept_format, window=wk.WindowSpec(8,
                                                                                              horizon=2),
                            splits={"train": .7, "val": .3})
-    (warning,) = _warnings(caplog)
+    (warning,) = _warnings(caught, caplog)
     assert warning == (
         "split 'val' holds no windows: each series' part of it is shorter than a "
         "window: at most 9 rows, a window spans 10 ((L+H-1)*R+1); split_context=\"history\" "
@@ -140,9 +142,9 @@ def test_each_empty_split_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixt
         source = pd.DataFrame({"year": years, "v": np.arange(len(years), dtype=float)})
         options = {"window": wk.WindowSpec(10), "time_col": "year",
                    "splits": {"train": .75, "val": .25}}
-    with caplog.at_level(logging.WARNING, logger="windowkit"):
+    with pytest.warns(UserWarning) as caught, caplog.at_level(logging.WARNING, "windowkit"):
         wk.convert(source, tmp_path / "s", format="zarr", **options)  # type: ignore[arg-type]
-    (warning,) = _warnings(caplog)
+    (warning,) = _warnings(caught, caplog)
     empty = "test" if case == "no series" else "val"
     assert f"split '{empty}' holds no windows: " in warning
     assert "history" not in warning  # the history context would not help here

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import click
@@ -25,10 +26,14 @@ from windowkit.formats import FORMAT_NAMES
 @click.option("--series-col", default=None,
               help="Table sources: the column naming each row's series (long form).")
 @click.option("--time-col", default=None,
-              help="Table sources: the time column (integers, dates or timestamps).")
+              help="Table sources: the time column (integers, dates or timestamps; ISO "
+                   "text such as 2001-01-31 or 2001-01-01T01:00+01:00 too).")
 @click.option("--time-format", default=None,
               help="Table sources: the format of a text time column, in strptime codes "
                    "(e.g. %Y/%m/%d, '%d.%m.%Y %H:%M'); ISO times need none.")
+@click.option("--no-header", is_flag=True,
+              help="CSV sources: the file has no header line; its columns are named "
+                   "0, 1, ... (e.g. --columns 0).")
 @click.option("--columns", default=None,
               help="Table sources: feature columns, comma-separated [default: all others].")
 @click.option("--dtype", default=None, metavar="DTYPE",
@@ -47,15 +52,20 @@ from windowkit.formats import FORMAT_NAMES
               help="Largest long table (its size in memory) whose interleaved series "
                    "are grouped in memory; a larger one is refused.")
 @click.option("--max-gap", default=None,
-              help="Largest time step a window may span (a number, or 90s, 5min, 1h, 2d) "
-                   "[default: 1.5 steps of each series: one missed sample is a gap].")
+              help="Largest time step a window may span (needs --time-col): a number on "
+                   "integer times; on dates and timestamps a duration with its unit, e.g. "
+                   "960s, 16min, 1h, 2D [default: 1.5 steps of each series: one missed "
+                   "sample is a gap].")
 @click.option("--split", "splits", default=None,
               help="Splits by fraction, e.g. train=0.8,val=0.1,test=0.1 [default: all train].")
 @click.option("--split-by", type=click.Choice(["time", "series"]), default="time",
               show_default=True, help="Cut each series in time, or assign whole series "
               "(seeded by --seed).")
 @click.option("--split-at", default=None,
-              help="Split at points in time instead, e.g. 2020-01-01,2022-01-01 or 2015,2018.")
+              help="Split at increasing points in time of --time-col instead, e.g. "
+                   "2015,2018 (on dates or timestamps a year is its 1 January), "
+                   "2020-01-01,2022-01-01 or 2021-03-28T12:00+02:00 (UTC without an "
+                   "offset).")
 @click.option("--split-context", type=click.Choice(["none", "history"]), default="none",
               show_default=True,
               help="history: a val/test window's inputs may come from the rows before its "
@@ -98,7 +108,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             columns: str | None, max_gap: str | None, splits: str | None, split_by: str,
             split_at: str | None, split_context: str, nan: str, target_columns: str | None,
             known_columns: str | None, static_columns: str | None,
-            sort_memory: int, time_format: str | None, dtype: str | None) -> None:
+            sort_memory: int, time_format: str | None, dtype: str | None,
+            no_header: bool) -> None:
     """Convert SOURCES into a store: .npy files or globs (one series each), or a
     table (long form with --series-col, or one wide series): a CSV or Parquet
     file, several (files, globs), or a directory of Parquet files (hive-style
@@ -115,6 +126,8 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
 
     spec = WindowSpec(length=length, stride=stride, sampling_rate=sampling_rate, horizon=horizon)
     source: Any = sources[0] if len(sources) == 1 else list(sources)
+    # without --overwrite a conversion over a store succeeds only with nothing to do
+    built = not overwrite and os.path.isdir(out) and any(os.scandir(out))
     with signals_interrupt("the conversion was", "the finished parts are kept: run the "
                            "same command again to resume it"), cli_spelling():
         store = run_convert(
@@ -128,8 +141,9 @@ def convert(sources: tuple[str, ...], fmt: str, out: str, length: int, stride: i
             split_context=split_context, nan=nan,
             target_columns=_names(target_columns), known_columns=_names(known_columns),
             static_columns=_names(static_columns),
-            sort_memory=sort_memory, time_format=time_format, dtype=dtype)
-    if not quiet:
+            sort_memory=sort_memory, time_format=time_format, dtype=dtype,
+            header=None if no_header else 0)
+    if not quiet and not built:  # else the library said there was nothing to do
         total = sum(store.num_windows(s) for s in store.splits)
         click.echo(f"wrote {out}: {store.manifest.format}, "
                    f"{store.manifest.series.count} series, {total} windows", err=True)

@@ -4,9 +4,13 @@ and the manifest, which is written last."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -123,15 +127,33 @@ def check_windows(plan: StorePlan, index: IndexSummary) -> None:
         if counts[name]:
             continue
         reason = _why_none(*index.skipped[name]) if grid[k] else _too_short(plan, k)
-        log.warning("%s", _spelled(f"split {name!r} holds no windows: {reason}"))
+        notice(f"split {name!r} holds no windows: {reason}")
 
 
-def _spelled(message: str) -> str:
-    """A warning names the caller's options: the CLI's flags, or Python's arguments
-    (as :func:`windowkit.conversion.options.python_errors` does for errors)."""
+def notice(message: str, python: str | None = None) -> None:
+    """One line the user must see: the CLI prints it (a warning of the package's
+    logger); Python gets a :class:`UserWarning` (its logger has only a
+    NullHandler), naming the arguments instead of the CLI's flags (as
+    :func:`windowkit.conversion.options.python_errors` does for errors), or
+    saying ``python`` when given."""
     from windowkit.conversion import options
 
-    return message if options._CLI.get() else options.python_spelling(message)
+    if options._CLI.get():
+        log.warning("%s", message)
+        return
+    warnings.warn(python or options.python_spelling(message), UserWarning,
+                  stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside windowkit (whose line a
+    warning then names)."""
+    package = os.path.dirname(os.path.dirname(__file__)) + os.sep
+    frame: FrameType | None = sys._getframe(1)  # calling warnings.warn: level 1
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _why_none(gap_skipped: int, nan_skipped: int) -> str:
@@ -205,8 +227,8 @@ def finalize(workspace: Workspace, plan: StorePlan, options: ConvertOptions,
     merged = merged_stats(results)
     stats = merged.to_dict()
     if stats is None and merged.count:
-        log.warning("%s: the values' statistics overflow float64; the store has no "
-                    "normalization statistics (normalize=True is refused)", workspace.out)
+        notice(f"{workspace.out}: the values' statistics overflow float64; the store has "
+               "no normalization statistics (normalize=True is refused)")
     known = {f.path: f for result in results for f in result.files}
     layout, names = plan.layout, plan.splits.names
     first = plan.series[0]

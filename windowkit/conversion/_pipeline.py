@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit._progress import human_size, progress_bar
-from windowkit.conversion._finalize import finalize
+from windowkit.conversion._finalize import finalize, notice
 from windowkit.conversion._parts import PartResult, source_digest, write_parts
 from windowkit.conversion._plan import StorePlan, plan_store
 from windowkit.conversion._remote import (
@@ -37,7 +37,7 @@ from windowkit.conversion._remote import (
     upload_store,
     workspace_prefix,
 )
-from windowkit.conversion._target import check_target
+from windowkit.conversion._target import check_target, finished_manifest
 from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import (
     DEFAULT_PART_BYTES,
@@ -71,8 +71,10 @@ from windowkit.sources import (
     TableOptions,
     changed_rows,
     check_consistent,
+    csv_file,
     estimate_staged_bytes,
     is_table,
+    numeric_header,
     open_sources,
     source_files,
     stage_table,
@@ -95,8 +97,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             compression: str | None = None, seed: int = 0,
             block_rows: int | None = None, part_size: int = DEFAULT_PART_BYTES,
             parts: int | None = None, workers: int = 1, overwrite: bool = False,
-            progress: bool = False, series_col: str | Sequence[str] | None = None,
-            time_col: str | Sequence[str] | None = None,
+            progress: bool = False, series_col: str | None = None,
+            time_col: str | None = None,
             columns: str | Sequence[str] | None = None,
             dtype: str | np.dtype | type | None = None,
             max_gap: str | int | None = None,
@@ -109,7 +111,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             static: Mapping[str, Any] | None = None,
             sort_memory: int = DEFAULT_SORT_MEMORY, time_format: str | None = None,
             storage_options: dict[str, Any] | None = None, dask: Any = None,
-            shard_size: int | None = None, shards: int | None = None) -> Store:
+            shard_size: int | None = None, shards: int | None = None,
+            header: int | None = 0) -> Store:
     """Write ``source`` into a new store at ``out`` and return it opened.
 
     ``out`` is a directory or a URL fsspec understands (``s3://bucket/store``,
@@ -142,16 +145,23 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     (without it the table is one series), ``time_col`` its times (strictly
     increasing per series; integers, dates, timestamps, or floats holding whole
     numbers such as ``1700.0``; no window spans a gap larger than ``max_gap``,
-    by default each series' regular step; a text time column is parsed with
-    ``time_format``, strptime codes such as ``"%Y/%m/%d"``), ``columns`` the
-    features (a string is one column); ``dtype`` (``"float32"``) casts their
+    by default each series' regular step; on dates and timestamps a duration
+    such as ``"16min"``; ISO text times are read as such, other text with
+    ``time_format``, strptime codes such as ``"%Y/%m/%d"``; for a DataFrame it
+    may name an index level, such as a ``DatetimeIndex`` named ``"date"``), ``columns`` the
+    features (a string is one column); ``series_col`` and ``time_col`` each name
+    one column. A CSV file's first line names its columns (``header=0``);
+    ``header=None`` reads files without one, naming the columns ``"0"``,
+    ``"1"``, ... (as pandas does). ``dtype`` (``"float32"``) casts their
     values, refusing one that overflows. A long
     table whose series are interleaved is grouped in memory if it takes at
     most ``sort_memory`` bytes there.
 
     ``splits`` (``{"train": .8, "val": .2}`` or ``"train=0.8,val=0.2"``) cuts
     each series chronologically (``split_by="series"``: whole series, seeded by
-    ``seed``), or ``split_at`` cuts at points in time; windows that would share
+    ``seed``), or ``split_at`` cuts at increasing points in time of ``time_col``
+    (``"2015,2018"`` or ``["2015-02-06"]``: a year on dates or timestamps is
+    its first day; ISO times are UTC unless they have an offset); windows that would share
     a row with another split are dropped (:mod:`windowkit.splits`).
     ``split_context="history"`` (forecasting, with a horizon) lets a validation
     or test window take its inputs from the rows before its split: it belongs
@@ -184,7 +194,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         table = TableOptions(one_column("series_col", series_col),
                              one_column("time_col", time_col), column_names("columns", columns),
                              max_gap, time_format, column_names("static_columns", static_columns),
-                             table_dtype(dtype))
+                             table_dtype(dtype), _header(header))
         options = ConvertOptions.of(
             format=format, window=window_spec(window, stride, sampling_rate, horizon),
             compression=compression, splits=splits, split_by=split_by, split_at=split_at,
@@ -242,12 +252,17 @@ def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
     """Write the store into the local directory ``out`` (locked, resumable,
     published by a rename); with ``upload_to`` its parts go there instead.
     Nothing is published if a source file changed meanwhile (``pins``)."""
-    check_target(out, overwrite=overwrite, sources=source_files(source))
+    built = None if overwrite or upload_to is not None else finished_manifest(out)
+    check_target(out, overwrite=overwrite or built is not None, sources=source_files(source))
     workspace = Workspace(out)
     workspace.lock()  # before staging: a second conversion must not touch our files
     try:
         if is_table(source):
             series = _stage(source, workspace, options)
+        if built is not None:  # the same conversion again: nothing to do, or refused
+            _check_already_built(out, built, series, options)
+            _leave(workspace)
+            return
         manifest = _write_store(workspace, series, options, pins, upload_to)
         pins.check()  # again, last thing before the commit
         manifest.write(workspace.root)
@@ -259,7 +274,48 @@ def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
         workspace.release()
 
 
+def _no_header_elsewhere() -> str:
+    """The error for ``header=None`` (``--no-header``) given a source not CSV."""
+    from windowkit.conversion import options
+
+    named = "--no-header" if options._CLI.get() else "header=None"
+    return (f"{named} applies to CSV files only (Parquet files and DataFrames name "
+            "their columns)")
+
+
+def _header(value: Any) -> bool:
+    """``header``: 0 (a CSV file's first line names its columns) or None (no header)."""
+    if value is None or (value == 0 and not isinstance(value, bool)
+                         and isinstance(value, (int, np.integer))):
+        return value is not None
+    raise InvalidSpecError(f"header must be 0 (the first line names the columns) or None "
+                           f"(the file has no header line), got {value!r}")
+
+
+def _check_already_built(out: Path, built: Manifest, series: list[Series],
+                         options: ConvertOptions) -> None:
+    """``out`` holds a finished store: the same conversion's (its store id, a
+    digest of the sources and of every option its bytes depend on), so there is
+    nothing to do; else it is refused as any other store without ``overwrite``."""
+    if plan_store(series, options).store_id != built.store_id:
+        raise StoreExistsError(f"{out}: target exists and is not empty; "
+                               "pass overwrite=True (--overwrite) to replace it")
+    log.info("%s: already holds this conversion (the same sources and options); "
+             "nothing to do", out)
+
+
+def _leave(workspace: Workspace) -> None:
+    """Remove what a run that had nothing to do made: the workspace, or only its
+    staged rows when it holds an interrupted conversion to resume."""
+    if workspace.resumable:
+        shutil.rmtree(workspace.staging, ignore_errors=True)
+    else:
+        workspace.discard()
+
+
 def _open_arrays(source: SourceLike, table: TableOptions) -> list[Series]:
+    if not table.header:
+        raise InvalidSpecError(_no_header_elsewhere())
     if table != TableOptions():
         raise InvalidSpecError("--series-col, --time-col, --time-format, --columns, "
                                "--max-gap, --static-columns and --dtype apply to table "
@@ -269,7 +325,17 @@ def _open_arrays(source: SourceLike, table: TableOptions) -> list[Series]:
 
 
 def _stage(source: SourceLike, workspace: Workspace, options: ConvertOptions) -> list[Series]:
-    """A table's series, staged in the workspace (after checking the disk space)."""
+    """A table's series, staged in the workspace (after checking the disk space);
+    a CSV header made only of numbers is said to look like data."""
+    if not options.table.header and csv_file(source) is None:
+        raise InvalidSpecError(_no_header_elsewhere())
+    header = numeric_header(source) if options.table.header else None
+    if header is not None:
+        path, names = header
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        said = f"{path}: the header looks like data ({shown}); pass {{}} if the file has no " \
+               "header line (its first row is read as the column names)"
+        notice(said.format("--no-header"), said.format("header=None"))
     _check_disk_space(workspace.root, estimate_staged_bytes(source, options.table),
                       "the staged table and the store")
     return check_consistent(stage_table(source, options.table, workspace.prepare_staging(),

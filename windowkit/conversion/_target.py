@@ -81,6 +81,14 @@ def is_finished_store(directory: Path) -> bool:
         return False
 
 
+def finished_manifest(out: Path) -> Manifest | None:
+    """The manifest of the valid store at ``out`` when it holds nothing else (a
+    finished conversion, which the same conversion need not write again), else None."""
+    if os.path.islink(out) or not os.path.isdir(out) or not any(os.scandir(out)):
+        return None
+    return store_manifest(out) if is_finished_store(out) else None
+
+
 def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> None:
     """Refuse a target that is a link, holds a source, is the current directory
     (or holds it), or is not empty and may not be replaced: only a valid

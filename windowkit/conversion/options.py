@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import numbers
 import os
 import re
@@ -15,7 +16,16 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError, WindowkitError, check_int
 from windowkit.formats import get_format
-from windowkit.sources import DEFAULT_SORT_MEMORY, Series, StagedSeries, TableOptions, parse_time
+from windowkit.sources import (
+    DEFAULT_SORT_MEMORY,
+    Series,
+    StagedSeries,
+    TableOptions,
+    check_increasing_points,
+    check_split_points,
+    parse_time,
+    point_text,
+)
 from windowkit.spec import WindowSpec
 from windowkit.splits import SPLIT_CONTEXTS, SplitPlan, parse_fractions, split_names_for
 
@@ -36,9 +46,10 @@ class SplitOptions:
     def plan(self, series: list[Series]) -> SplitPlan:
         rows = np.array([s.rows for s in series], dtype=np.int64)
         if self.at is not None:
-            points = self.at.split(",") if isinstance(self.at, str) else list(self.at)
+            points = split_points(self.at)
             unit = getattr(series[0], "time_unit", "")
-            cuts = sorted(parse_time(p, unit) for p in points)
+            cuts = [parse_time(p, unit) for p in points]  # in the time column's own kind
+            check_increasing_points(points, cuts)
             names = split_names_for(len(cuts), self.fractions)
             times = [s.times() if isinstance(s, StagedSeries) else None for s in series]
             return SplitPlan.at_times(times, cuts, names)
@@ -106,11 +117,37 @@ class ConvertOptions:
                 check_int(name.replace("_", " "), getattr(options, name), 1)
         if options.nan not in ("error", "skip"):
             raise InvalidSpecError(f"nan must be 'error' or 'skip', got {options.nan!r}")
+        _check_time_options(options)
         return options
 
     @property
     def skip_missing(self) -> bool:
         return self.nan == "skip"
+
+
+def split_points(at: object) -> list[str]:
+    """``split_at`` as a list of points: ``"2015,2018"``, one point, or a list."""
+    if isinstance(at, str):
+        return [p.strip() for p in at.split(",")]
+    if isinstance(at, Sequence):
+        return [point_text(p) for p in at]
+    return [point_text(at)]  # an integer, a date, a datetime64
+
+
+def _check_time_options(options: ConvertOptions) -> None:
+    """Options that need a time column are given with one, and split points
+    parse and increase: one line before any row is read."""
+    if options.table.time_col is None:
+        if options.split.at is not None:
+            raise InvalidSpecError(
+                "split points in time need a time column: --split-at cuts at years, dates "
+                "or times (e.g. 2015-02-06) of the column that --time-col names; give it")
+        if options.table.max_gap is not None:
+            raise InvalidSpecError("--max-gap needs a time column: gaps are measured "
+                                   "between the times of the column that --time-col "
+                                   "names; give it")
+    if options.split.at is not None:
+        check_split_points(split_points(options.split.at))
 
 
 # -- the arguments of windowkit.convert, as Python passes them ---------------------
@@ -139,7 +176,8 @@ _ARGUMENT_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "splits": ((str, Mapping, _NONE), "a dict such as {'train': 0.8, 'val': 0.2}, a string "
                "such as 'train=0.8,val=0.2', or None"),
     "split_by": ((str,), "'time' or 'series'"),
-    "split_at": ((str, *_INT, Sequence, _NONE), "a time, a list of times or None"),
+    "split_at": ((str, *_INT, Sequence, datetime.date, np.datetime64, _NONE),
+                 "a time, a list of times or None"),
     "split_context": ((str,), "'none' or 'history'"),
     "nan": ((str,), "'error' or 'skip'"),
     "target_columns": (_COLUMNS, "a column name, a list of them or None"),

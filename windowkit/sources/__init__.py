@@ -15,6 +15,7 @@ from windowkit.sources._arrays import (
     open_sources,
     source_files,
 )
+from windowkit.sources._datasets import csv_file, numeric_header
 from windowkit.sources._pins import SourcePins, changed_rows, check_regular
 from windowkit.sources._staging import StagedSeries
 from windowkit.sources._table_schema import TableOptions
@@ -24,10 +25,18 @@ from windowkit.sources._tables import (
     is_table,
     stage_table,
 )
-from windowkit.sources._times import parse_gap, parse_time
+from windowkit.sources._times import (
+    check_increasing_points,
+    check_split_points,
+    parse_gap,
+    parse_time,
+    point_text,
+)
 
 __all__ = ["DEFAULT_SORT_MEMORY", "ArraySeries", "NpySeries", "RemoteNpySeries", "Series",
            "SourceLike", "SourcePins", "StagedSeries", "TableOptions", "changed_rows",
-           "check_consistent", "check_finite", "check_regular",
-           "estimate_staged_bytes", "is_table", "open_sources", "parse_gap", "parse_time",
-           "source_files", "stage_table"]
+           "check_consistent", "check_finite", "check_increasing_points", "check_regular",
+           "check_split_points", "csv_file", "estimate_staged_bytes", "is_table",
+           "numeric_header",
+           "open_sources", "parse_gap", "parse_time", "point_text", "source_files",
+           "stage_table"]

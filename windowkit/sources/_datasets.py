@@ -24,12 +24,13 @@ from csv import reader as csv_records
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from windowkit.errors import SourceError, SourceNotFoundError
-from windowkit.location import is_url
+from windowkit.location import is_url, resolve
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _GLOB_CHARS = set("*?[")
@@ -143,12 +144,18 @@ def table_files(source: Any) -> TableFiles | None:
     return TableFiles(name, tuple(tables))
 
 
-def open_dataset(tables: TableFiles) -> ds.Dataset:
-    """The files as one :mod:`pyarrow.dataset`, their columns unified, in order."""
+def open_dataset(tables: TableFiles, header: bool = True) -> ds.Dataset:
+    """The files as one :mod:`pyarrow.dataset`, their columns unified, in order
+    (CSV files without ``header``: columns ``"0"``, ``"1"``, ... by the first line)."""
     from pyarrow import csv
 
+    names = None
+    if tables.csv and not header:
+        with open(tables.files[0], "rb") as fh:
+            names = headless_names(fh.readline(CSV_BLOCK_BYTES))
     fmt: Any = ds.CsvFileFormat(read_options=csv.ReadOptions(
-        block_size=CSV_BLOCK_BYTES)) if tables.csv else ds.ParquetFileFormat()
+        block_size=CSV_BLOCK_BYTES, column_names=names)) if tables.csv \
+        else ds.ParquetFileFormat()
     partitioning = "hive" if tables.base_dir else None
     try:
         first = ds.dataset(list(tables.files), format=fmt, partitioning=partitioning,
@@ -167,10 +174,11 @@ def open_dataset(tables: TableFiles) -> ds.Dataset:
 
 
 def dataset_batches(tables: TableFiles, needed: list[str] | None,
-                    parts: list[tuple[int, str]]) -> Iterator[pa.RecordBatch]:
+                    parts: list[tuple[int, str]], header: bool = True
+                    ) -> Iterator[pa.RecordBatch]:
     """The files' record batches, file after file; ``parts`` gets each file's
     first row (in the whole table) and path as it is reached."""
-    dataset = open_dataset(tables)
+    dataset = open_dataset(tables, header)
     present = set(dataset.schema.names)
     columns = [c for c in needed if c in present] if needed else None
     rows = 0
@@ -205,6 +213,61 @@ def table_rows(tables: TableFiles) -> tuple[int, int]:
     with open(tables.files[0], "rb") as fh:
         rows, _ = csv_shape(fh.read(CSV_BLOCK_BYTES), size)
     return rows, columns
+
+
+def first_fields(line: bytes) -> list[str]:
+    """The fields of a CSV file's first line, as Python's csv module splits them."""
+    try:
+        return next(csv_records(io.StringIO(line.decode("utf-8", errors="replace"))), [])
+    except CsvError:  # a field over the csv module's limit
+        return line.decode("utf-8", errors="replace").split(",")
+
+
+def headless_names(line: bytes) -> list[str] | None:
+    """Column names for a CSV file without a header whose first line is ``line``:
+    ``"0"``, ``"1"``, ... as pandas' ``header=None`` (None for an empty file)."""
+    return [str(i) for i in range(len(first_fields(line)))] or None
+
+
+def csv_file(source: Any) -> str | None:
+    """The CSV file a table source is (the first of several), else None."""
+    tables = table_files(source)
+    if tables is not None:
+        return tables.files[0] if tables.csv else None
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    path = os.fspath(source)
+    return path if _suffix(urlsplit(path).path if is_url(path) else path) == ".csv" else None
+
+
+def numeric_header(source: Any) -> tuple[str, list[str]] | None:
+    """The CSV file (the first of several) and its header's names, when they are
+    all numbers (:func:`looks_like_data`); None otherwise, or when unreadable
+    (staging says why)."""
+    path = csv_file(source)
+    if path is None:
+        return None
+    try:
+        location = resolve(path)
+        if not is_url(path) and not os.path.isfile(path):
+            return None  # a FIFO or a device is never opened
+        with location.open("rb") as fh:
+            names = first_fields(fh.readline(CSV_BLOCK_BYTES))
+    except Exception:  # unreadable or unreachable: staging says why
+        return None
+    return (path, names) if looks_like_data(names) else None
+
+
+def looks_like_data(names: Sequence[str]) -> bool:
+    """Whether a header's names are all numbers: the file's first row, not a header."""
+    def number(name: str) -> bool:
+        try:
+            float(name)
+        except ValueError:
+            return False
+        return bool(name.strip())
+
+    return bool(names) and all(number(n) for n in names)
 
 
 def csv_shape(sample: bytes, size: int) -> tuple[int, int]:

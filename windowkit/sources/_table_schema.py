@@ -34,6 +34,7 @@ class TableOptions:
     time_format: str | None = None  # strptime codes for a text time column
     static_columns: tuple[str, ...] | None = None  # one value per series, not features
     dtype: str | None = None  # the values' dtype (cast, checked), else the columns' own
+    header: bool = True  # a CSV's first line names its columns (else "0", "1", ...)
 
 
 @dataclass(frozen=True)

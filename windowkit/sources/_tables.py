@@ -38,9 +38,11 @@ from windowkit.sources._datasets import (
     csv_shape,
     dataset_batches,
     fingerprint,
+    headless_names,
     table_files,
 )
 from windowkit.sources._datasets import table_rows as dataset_rows
+from windowkit.sources._frames import frame_table
 from windowkit.sources._interleaved import read_within, rows_by_series
 from windowkit.sources._pins import check_regular
 from windowkit.sources._row_locator import RowLocator
@@ -50,7 +52,7 @@ from windowkit.sources._static_columns import StaticValues
 from windowkit.sources._table_schema import TableColumns, TableOptions, read_schema
 from windowkit.sources._table_values import FeatureValues
 from windowkit.sources._time_checks import SeriesTimes
-from windowkit.sources._times import step_and_segments
+from windowkit.sources._times import parse_gap, step_and_segments
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
@@ -110,6 +112,8 @@ class _Stager:
         if self.options.time_col is not None:
             self.times = SeriesTimes(self.name, self.options.time_col, self.columns.time,
                                      self.options.time_format, self.rows)
+            if self.columns.time.unit or not self.columns.time.text:  # ISO text: later
+                parse_gap(self.options.max_gap, self.columns.time.unit)  # before any row
 
     def batch(self, batch: pa.RecordBatch) -> None:
         """Stage one record batch: its values, cut into runs of one series each."""
@@ -146,7 +150,8 @@ class _Stager:
         if self.current is None:
             return
         assert self.columns is not None
-        time = self.columns.time
+        # ISO text times: their unit is known once the first batch is read
+        time = self.times.kind if self.times is not None else self.columns.time
         series = StagedSeries(
             key=self.current, where=f"{self.name}: series {self.current!r}",
             path=str(self.files.values_path), first_row=self.current_first,
@@ -180,22 +185,16 @@ class _Stager:
 
 
 def _batches(source: Any, name: str, needed: list[str] | None,
-             parts: list[tuple[int, str]]) -> Iterator[pa.RecordBatch]:
+             parts: list[tuple[int, str]], header: bool = True) -> Iterator[pa.RecordBatch]:
     """The table's record batches, streamed (several files: file after file,
-    each one's first row recorded in ``parts``)."""
+    each one's first row recorded in ``parts``; CSV without ``header``: columns
+    ``"0"``, ``"1"``, ...)."""
     if isinstance(source, TableFiles):
         parts.clear()
-        yield from dataset_batches(source, needed, parts)
+        yield from dataset_batches(source, needed, parts, header)
         return
-    if not isinstance(source, (str, os.PathLike)):
-        try:
-            table = pa.Table.from_pandas(source, preserve_index=False)
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            column = str(exc.args[-1]) if exc.args else str(exc)
-            raise SourceError(f"{name}: a column holds values no table can store "
-                              f"({column}); expected numbers of float16/32/64, int, uint "
-                              "or bool, timestamps or text") from exc
-        yield from table.to_batches(_BATCH_ROWS)
+    if isinstance(source, pa.Table):  # a DataFrame, index levels named included
+        yield from source.to_batches(_BATCH_ROWS)
         return
     path = os.fspath(source)
     location = resolve(path)
@@ -208,9 +207,13 @@ def _batches(source: Any, name: str, needed: list[str] | None,
         if _suffix(path) == ".csv":
             from pyarrow import csv
 
+            names = None
+            if not header:
+                with remote_errors(path, SourceError), location.open("rb") as fh:
+                    names = headless_names(fh.readline(_CSV_BLOCK_BYTES))
             with remote_errors(path, SourceError), location.open("rb") as fh:
                 yield from csv.open_csv(fh, read_options=csv.ReadOptions(
-                    block_size=_CSV_BLOCK_BYTES))
+                    block_size=_CSV_BLOCK_BYTES, column_names=names))
         else:
             yield from open_parquet(location).iter_batches(batch_size=_BATCH_ROWS,
                                                            columns=needed)
@@ -330,6 +333,8 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
     """
     source = table_files(source) or source
     name, source_id = _identify(source)
+    if not isinstance(source, (str, os.PathLike, TableFiles)):
+        source = frame_table(source, name, options)  # a DataFrame: once, index included
     needed = None
     if options.columns:
         needed = [c for c in (options.series_col, options.time_col, *options.columns,
@@ -342,12 +347,12 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
                        wide_key)
 
     try:
-        return _stage(_batches(source, name, needed, parts), stager(), name)
+        return _stage(_batches(source, name, needed, parts, options.header), stager(), name)
     except NotInOrderError as refusal:
         if sort_memory <= 0:
             raise
-        table = read_within(_batches(source, name, needed, parts), needed, sort_memory,
-                            refusal)
+        table = read_within(_batches(source, name, needed, parts, options.header), needed,
+                            sort_memory, refusal)
     assert options.series_col is not None  # only grouping is ever out of order
     log.info("%s: rows of each series are not together; grouping them in memory (%.0f MiB)",
              name, table.nbytes / 2**20)

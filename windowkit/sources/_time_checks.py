@@ -1,8 +1,8 @@
 """The time column of a table while it is staged, batch by batch.
 
-Each batch's times are read as int64 (:mod:`._times` converts them), and
-checked on the way: no time may be empty, and within a series times must
-strictly increase, across batch boundaries too.
+Each batch's times are read as int64 (:mod:`._times` converts them, ISO text
+:mod:`._iso_times`), and checked on the way: no time may be empty, and within
+a series times must strictly increase, across batch boundaries too.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from windowkit.errors import SourceError
+from windowkit.sources._iso_times import iso_times
 from windowkit.sources._row_locator import RowLocator, first_null
 from windowkit.sources._times import TimeKind, float_times, parse_text_times, times_int64
 
@@ -37,10 +38,16 @@ class SeriesTimes:
                               "is empty")
         if self.kind.floats:
             return float_times(column, self.rows.text, self.column)
+        if self.kind.text and self.time_format is None:  # ISO text, of any source
+            times, unit, zone = iso_times(column, self.kind.unit,
+                                          f"{self.name}: time column {self.column!r}",
+                                          self.rows.text)
+            if not self.kind.unit:  # the first batch says: dates or timestamps
+                self.kind = TimeKind(unit, zone, text=True)
+            return times
         if self.kind.text:
-            column = parse_text_times(column, self.time_format,
-                                      f"{self.name}: time column {self.column!r}",
-                                      self.rows.text)
+            assert self.time_format is not None
+            column = parse_text_times(column, self.time_format, self.rows.text)
         return times_int64(column, self.kind.unit)
 
     def start_series(self) -> None:

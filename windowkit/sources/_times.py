@@ -2,7 +2,8 @@
 
 Integer, date and timestamp columns are kept as int64: days for dates,
 nanoseconds since the epoch (UTC) for timestamps, the numbers themselves for
-integers. Text times are parsed with strptime codes (``--time-format``).
+integers. Text times are parsed with strptime codes (``--time-format``), or
+without them when ISO (:mod:`._iso_times`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,21 +26,71 @@ _TIME_CHUNK = 1 << 20  # time differences examined at once
 CLOCK_DIRECTIVES = ("%H", "%I", "%M", "%S", "%f", "%p", "%z", "%T", "%R", "%c")
 
 
-def parse_time(value: str | int, unit: str) -> int:
-    """A time cut point in the time column's int64 units: a number, or for dates
-    and timestamps an ISO date or date-time (UTC)."""
-    text = str(value).strip()
-    if re.fullmatch(r"-?\d+", text):
-        return int(text)
+#: what a split point on a date or timestamp column may be: a year, a month, an ISO
+#: date or date-time, with or without a UTC offset (as pandas reads it)
+_ISO_TIME = re.compile(r"\d{4}(-\d{2}(-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d+)?)?)?"
+                       r"\s*(Z|[+-]\d{2}(:?\d{2})?)?)?)?)?")
+_INTEGER = re.compile(r"-?\d+")
+_POINT_EXAMPLES = "a year such as 2015, or an ISO date or date-time such as 2015-02-06 " \
+                  "or 2015-02-06T09:30+01:00"
+
+
+def point_text(value: object) -> str:
+    """A split point as text: ``1995.0`` (a whole float) is ``1995``."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
+
+
+def parse_time(value: object, unit: str) -> int:
+    """A time cut point in the time column's int64 units. On a column of plain
+    numbers, an integer; on dates and timestamps, a year (its first day: pandas
+    reads ``"1995"`` as 1995-01-01), a month or an ISO date or date-time, UTC
+    unless it has an offset. On dates, a time of day cuts after that day."""
+    text = point_text(value)
+    if not unit:
+        if _INTEGER.fullmatch(text):
+            return int(text)
+        raise InvalidSpecError(f"split point {text!r} is not a time of the time column: "
+                               "it holds plain numbers, so give integers such as 2015")
+    if not _ISO_TIME.fullmatch(text):
+        raise InvalidSpecError(f"split point {text!r} is not a time of the time column "
+                               f"(dates or timestamps): give {_POINT_EXAMPLES}")
+    import pandas as pd
+
     try:
-        if unit == "days":
-            return int(np.datetime64(text, "D").astype(np.int64))
+        stamp = pd.Timestamp(text)
+        if stamp.tz is not None:
+            stamp = stamp.tz_convert("UTC").tz_localize(None)
         if unit == "ns":
-            return int(np.datetime64(text.rstrip("Z"), "ns").astype(np.int64))
-    except ValueError:
-        pass
-    raise InvalidSpecError(f"split point {value!r} is not a time of the time column "
-                           f"(expected {'an ISO date or date-time' if unit else 'an integer'})")
+            return int(stamp.as_unit("ns").value)
+        day = stamp.normalize()
+        days = int(day.to_datetime64().astype("datetime64[D]").astype(np.int64))
+        return days + (stamp != day)  # rows before 10:00 on a day include that day
+    except (ValueError, OverflowError) as exc:
+        raise InvalidSpecError(f"split point {text!r} is not a time the time column can "
+                               f"hold ({exc})") from None
+
+
+def check_split_points(points: Sequence[object]) -> list[str]:
+    """Split points as text, checked before any row is read: each an integer or
+    an ISO time (:func:`parse_time`), in increasing order."""
+    texts = [point_text(p) for p in points]
+    if not texts:
+        raise InvalidSpecError("--split-at holds no split point")
+    unit = "" if all(_INTEGER.fullmatch(t) for t in texts) else "ns"
+    cuts = [parse_time(t, unit) for t in texts]
+    check_increasing_points(texts, cuts)
+    return texts
+
+
+def check_increasing_points(texts: list[str], cuts: list[int]) -> None:
+    """Split points must increase: each split lies after the one before."""
+    for k in range(1, len(cuts)):
+        if cuts[k] <= cuts[k - 1]:
+            raise InvalidSpecError(
+                f"split points must increase, but --split-at gives {texts[k]!r} after "
+                f"{texts[k - 1]!r}; give them in increasing order")
 
 
 def parse_gap(value: str | int | None, unit: str) -> int | None:
@@ -56,16 +107,25 @@ def parse_gap(value: str | int | None, unit: str) -> int | None:
     except ValueError:
         gap = _duration(text, unit)
     else:
+        if unit:
+            raise InvalidSpecError(_unitless_gap(text, unit))
         if not number.is_integer():
-            raise InvalidSpecError(f"max gap {value!r} is not a whole number of the time "
-                                   f"column's units ({_UNIT_NAMES[unit]})")
+            raise InvalidSpecError(f"max gap {value!r} is not a whole number; the time "
+                                   "column holds plain numbers")
         gap = int(number)
     if gap < 1:
         raise InvalidSpecError(f"max gap must be >= 1, got {value!r}")
     return gap
 
 
-_UNIT_NAMES = {"ns": "nanoseconds", "days": "days", "": "plain numbers"}
+def _unitless_gap(text: str, unit: str) -> str:
+    """Why a bare number is no gap on a date or timestamp column, and what to write."""
+    if unit == "days":
+        return (f"max gap {text!r} has no unit, and the time column holds dates: write "
+                f"its unit, e.g. '{text}D' ({text} days) or '1W'")
+    return (f"max gap {text!r} has no unit, and the time column holds timestamps: write "
+            f"its unit, e.g. '{text}s', '{text}min', '{text}h' or '{text}D' (pandas "
+            "durations: '90s', '16min', '1h', '2D')")
 
 
 def _duration(text: str, unit: str) -> int:
@@ -121,20 +181,16 @@ def time_kind(kind: pa.DataType, time_format: str | None, where: str) -> TimeKin
     if not text:
         unit, zone = time_unit(kind, where)
         return TimeKind(unit, zone, floats=pa.types.is_floating(kind))
-    if time_format:  # text without a format is refused at its first value
+    if time_format:
         clock = any(code in time_format for code in CLOCK_DIRECTIVES)
         return TimeKind("ns" if clock else "days", text=True)
-    return TimeKind(text=True)
+    return TimeKind(text=True)  # ISO text: its unit is known from the first batch
 
 
-def parse_text_times(column: pa.Array, time_format: str | None, where: str,
+def parse_text_times(column: pa.Array, time_format: str,
                      row_text: Callable[[int], str]) -> pa.Array:
     """Text times parsed with ``--time-format`` (strptime codes) into timestamps;
     a value that does not match is an error naming ``row_text(row)``."""
-    if time_format is None:
-        raise SourceError(f"{where} holds text ({column[0].as_py()!r} first), not times; "
-                          "pass its format with --time-format, e.g. %Y/%m/%d or "
-                          "'%d.%m.%Y %H:%M'")
     column = column.cast(pa.string())
     parsed = pc.strptime(column, format=time_format, unit="ns", error_is_null=True)
     if parsed.null_count:
