@@ -100,24 +100,29 @@ def _relist(manifest: dict[str, Any], name: str, blob: bytes) -> None:
     entry.update(bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest())
 
 
-def test_xarray_opens_the_zarr_array(tmp_path: Path) -> None:
-    """xarray names the axes from ``dimension_names``. It opens groups, not a bare
-    array (``data/`` is one): a group that holds the store's array (a link, the
-    rows stay where they are) opens with both ``open_zarr`` and ``open_dataset``."""
-    xr = pytest.importorskip("xarray")
+def test_xarray_opens_a_zarr_store_as_it_is(tmp_path: Path) -> None:
+    """``xr.open_zarr(STORE)``: a Dataset whose ``data`` has the dimensions
+    ``row`` and ``feature``, the source's column names as the ``feature``
+    coordinate, and the store's rows; no warning about the store's other files
+    (the group's metadata is consolidated)."""
+    import warnings
+
+    import pandas as pd
+    import xarray as xr
+
     values = np.arange(80, dtype=np.float32).reshape(40, 2)
-    store = wk.convert(values, tmp_path / "store", format="zarr", window=8)
-    view = tmp_path / "view"
-    view.mkdir()
-    (view / "zarr.json").write_text(json.dumps(
-        {"zarr_format": 3, "node_type": "group", "attributes": {}}))
-    (view / "rows").symlink_to(store.path / "data", target_is_directory=True)
-    lazy = xr.open_zarr(view, consolidated=False, zarr_format=3)
-    assert lazy["rows"].dims == ("row", "feature")
-    np.testing.assert_array_equal(lazy["rows"].values, values)
-    ds = xr.open_dataset(view, engine="zarr", consolidated=False, zarr_format=3)
-    assert ds["rows"].dims == ("row", "feature")
-    np.testing.assert_array_equal(ds["rows"].values, values)
+    frame = pd.DataFrame({"id": ["a"] * 20 + ["b"] * 20, "temp": values[:, 0],
+                          "wind": values[:, 1]})
+    store = wk.convert(frame, tmp_path / "store", format="zarr", window=8, series_col="id")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = xr.open_zarr(store.path)
+    assert ds["data"].dims == ("row", "feature")
+    assert ds["feature"].values.tolist() == ["temp", "wind"]
+    np.testing.assert_array_equal(ds["data"].sel(feature="wind").values, values[:, 1])
+    assert verify_store(store.path) == []
+    unnamed = wk.convert(values, tmp_path / "arrays", format="zarr", window=8)
+    np.testing.assert_array_equal(xr.open_zarr(unnamed.path)["data"].values, values)
 
 
 @pytest.mark.parametrize(("names", "bookkeeping"), [

@@ -433,8 +433,10 @@ class ZarrFormat:
 
     def finish(self, data_dir: Path, layout: DataLayout,
                parts: list[dict[str, Any]]) -> dict[str, Any]:
-        return layout.data_section(array=".", chunk_rows=layout.rows.block_rows,
-                                   digests=write_digests(data_dir, layout, parts))
+        section = layout.data_section(array=".", chunk_rows=layout.rows.block_rows,
+                                      digests=write_digests(data_dir, layout, parts))
+        xarray_group(data_dir.parent, layout)
+        return section
 
     def open_reader(self, data_dir: Path, data: dict[str, Any], setup: ReaderSetup
                     ) -> CheckedReader:
@@ -448,3 +450,25 @@ class ZarrFormat:
 
     def stored_rows(self, root: Path, data: dict[str, Any]) -> int:
         return int(open_array(root / "data").shape[0])
+
+
+def xarray_group(root: Path, layout: DataLayout) -> None:
+    """Make the store a Zarr group holding its array ``data`` and, for vector
+    steps with named features, their names as the array ``feature`` (the
+    coordinate of the array's ``feature`` dimension), its metadata consolidated
+    in the group's ``zarr.json``: ``xr.open_zarr(STORE)`` opens the rows as a
+    Dataset with named dimensions, without listing the store's other files."""
+    import warnings
+
+    import zarr
+
+    names, shape = layout.columns, layout.rows.step_shape
+    if len(shape) == 1 and names and len(names) == shape[0]:
+        feature = zarr.create_array(store=str(root / "feature"), shape=(len(names),),
+                                    dtype=str, zarr_format=3, dimension_names=["feature"],
+                                    overwrite=True)  # in the workspace: ours, if resumed
+        feature[:] = np.array(names, dtype=str)
+    zarr.open_group(store=str(root), mode="a", zarr_format=3)
+    with warnings.catch_warnings():  # the store's other files are not Zarr nodes
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(root), zarr_format=3)
