@@ -236,16 +236,17 @@ def _error_line(store: wk.Store, *, numpy_path: bool = False, **options: Any) ->
 
 
 def _edit_record(path: Path, record: int, edit: Any) -> None:
-    """Record ``record`` of a one-part store given other rows (``edit(rows)``),
-    its CRCs made right and the manifest's checksums recomputed."""
+    """Record ``record`` of a store given other rows (``edit(rows)``), its CRCs
+    made right and the manifest's checksums recomputed."""
     from tests.hostile_contract import _rehash
 
     table = pq.read_table(path / "data" / "records.parquet").to_pydict()
-    part = sorted((path / "data").glob("*.tfrecord"))[0]
+    store = wk.open_store(path)
+    part = path / store.manifest.data["shards"][table["shard"][record]]["path"]
     blob = bytearray(part.read_bytes())
     at, length = table["offset"][record], table["bytes"][record]
     ints, data = decode_example(unframe_record(bytes(blob[at:at + length]), gzip=False))
-    rows = np.frombuffer(data["data"], dtype="<f4").reshape(-1, 3).copy()
+    rows = np.frombuffer(data["data"], dtype="<f4").reshape(-1, *store.layout.step_shape).copy()
     edit(rows)
     blob[at:at + length] = frame_record(encode_example(ints, {"data": rows.tobytes()}),
                                         gzip=False)
@@ -272,27 +273,9 @@ def test_a_whole_halo_rewritten_is_found_by_verify(store: wk.Store, tmp_path: Pa
     table = pq.read_table(copy / "data" / "records.parquet").to_pydict()
     record = next(i for i, h in enumerate(table["halo"]) if h == SPEC.span - 1)
     assert verify_store(copy) == []
-    _edit_any_record(copy, record, lambda rows: rows.__setitem__(slice(-1, None), 9.0))
+    _edit_record(copy, record, lambda rows: rows.__setitem__(slice(-1, None), 9.0))
     problems = verify_store(copy)
     assert len(problems) == 1 and "do not match the digest" in problems[0], problems
-
-
-def _edit_any_record(path: Path, record: int, edit: Any) -> None:
-    """:func:`_edit_record` in a store of several parts and 4 columns."""
-    from tests.hostile_contract import _rehash
-
-    table = pq.read_table(path / "data" / "records.parquet").to_pydict()
-    manifest = wk.open_store(path).manifest
-    part = path / manifest.data["shards"][table["shard"][record]]["path"]
-    blob = bytearray(part.read_bytes())
-    at, length = table["offset"][record], table["bytes"][record]
-    ints, data = decode_example(unframe_record(bytes(blob[at:at + length]), gzip=False))
-    rows = np.frombuffer(data["data"], dtype="<f4").reshape(-1, 4).copy()
-    edit(rows)
-    blob[at:at + length] = frame_record(encode_example(ints, {"data": rows.tobytes()}),
-                                        gzip=False)
-    part.write_bytes(bytes(blob))
-    _rehash(path)
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +47,7 @@ from windowkit.formats.tfrecord_io import (
     check_header,
     unframe_record,
 )
+from windowkit.location import open_regular
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -405,17 +405,13 @@ class _PartFiles:
 
     def __enter__(self) -> _PartFiles:
         for number in self._parts:
-            path = self._paths[number]
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError as exc:
+                fd = open_regular(self._paths[number])
+            except StoreError:
                 self.__exit__()
                 ask_guard(self._setup)  # a replaced store says so, never "missing"
-                raise StoreError(f"{path}: cannot read part ({exc})") from exc
+                raise
             self._files[number] = (fd, os.fstat(fd).st_size)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                self.__exit__()
-                raise StoreError(f"{path}: is not a regular file (refused)")
         return self
 
     def __exit__(self, *_: object) -> None:
