@@ -9,7 +9,7 @@ DEMO   := demo
 TORCH  ?= torch==2.13.0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test test-slow lint typecheck docs bench bench-cores bench-memory bench-csv bench-convergence bench-remote bench-vs fixtures clean
+.PHONY: install demo test test-slow lint typecheck docs bench bench-cores bench-memory bench-csv bench-convergence bench-gpu bench-remote bench-vs fixtures clean
 
 install: $(STAMP)
 
@@ -50,7 +50,8 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.benchmark throughput
 	$(BIN)/python -m tests.benchmarks.benchmark shuffling
-	$(BIN)/python -m tests.benchmarks.beyond_memory
+	$(BIN)/python -m tests.benchmarks.beyond_memory --mib 256
+	$(BIN)/python -m tests.benchmarks.training --mib 256
 	$(BIN)/python -m tests.benchmarks.benchmark forecasting
 	$(BIN)/python -m tests.benchmarks.frameworks
 	$(BIN)/python -m tests.benchmarks.ranks
@@ -73,6 +74,11 @@ bench-csv: $(STAMP)
 bench-convergence: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.convergence
 	$(BIN)/python -m tests.benchmarks.perf_page
+
+# the LSTM autoencoder trained on a CUDA GPU fed by each reader: steps/s and input wait
+# (docs/performance.md#training-on-a-gpu); without a GPU it says so and exits 0
+bench-gpu: $(STAMP)
+	$(BIN)/python -m tests.benchmarks.gpu
 
 bench-remote: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.remote --latency-ms 20

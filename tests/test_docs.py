@@ -18,7 +18,8 @@ from tests.benchmarks import benchmark, perf_page
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PARTS = ("throughput", "shuffling", "sharding", "forecasting", "memory", "csv")
+PARTS = ("throughput", "shuffling", "sharding", "forecasting", "memory", "csv", "training",
+         "gpu")
 
 
 def test_the_readme_is_short_and_keeps_the_two_commands() -> None:
@@ -92,6 +93,19 @@ def _measured(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
            "csv_bytes": 2.18 * 2**30}
     benchmark._save("csv", series=50, formats={f: csv for f in formats},
                     interleaved={**csv, "format": "zarr", "series": 50, "csv_bytes": 264 * 2**20})
+    line = {"cpu_s_per_m": 1.25, "peak_over_mb": 300.0, "anon_over_mb": 290.0, "rows_mb": 256.5}
+    benchmark._save("training", mib=256, series=20, rows_per_series=209_715, length=32,
+                    batch=256, spill_budget_mib=64, warmup=200, steps=3000, lines=[
+                        {**line, "consumer": "fit", "reader": "materialized", "format": "zarr",
+                         "windows_s": 400_000.0},
+                        {**line, "consumer": "fit", "reader": "default", "format": "zarr",
+                         "windows_s": 390_000.0}],
+                    bars=["fit, default reader: 0.97x materialized (bar 0.95x)"])
+    benchmark._save("gpu", gpu="NVIDIA H100 80GB HBM3", mib=128, batch=256, warmup=40,
+                    steps=400, skipped=[], rows=[
+                        {"framework": "tensorflow", "reader": "materialized on /GPU:0",
+                         "steps_s": 812.5, "windows_s": 208_000.0, "wait_share": 0.004,
+                         "vs_ceiling": 1.0}])
 
 
 def _region(page: str, part: str) -> str:
@@ -127,6 +141,9 @@ def test_make_bench_figures_land_on_the_performance_page(
         written, "throughput")  # per-block checks on against off
     assert "+4 / +0 MB" in _region(written, "memory")  # peak RSS growth, 0.5 to 4 GiB
     assert "2.18 GiB long CSV (30,000,000 rows of 50 series" in _region(written, "csv")
+    assert f"| fit | Zarr default | 390,000 | 0.97{x} | 1.25 |" in _region(written, "training")
+    assert f"| tensorflow | materialized on /GPU:0 | 812.5 | 208,000 | 0.4% | 1.00{x} |" in (
+        _region(written, "gpu"))
     perf_page.main(["--bench-dir", str(tmp_path / "bench-out"), "--page", str(page)])
     assert page.read_text() == written
 

@@ -301,7 +301,7 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
     """How many series and storage blocks one epoch's batches of ``reader``
     (with ``shuffle``, one of :data:`SHUFFLES`) hold, next to a uniform
     permutation of the same windows."""
-    from windowkit.readers.options import choose_shuffle
+    from windowkit.readers.choice import choose_shuffle
 
     plan = store.read_plan(split)
     layout = replace(plan.layout, dtype=np.dtype(np.float64), step_shape=(1,))
@@ -314,7 +314,7 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
     real = choose_shuffle(plan, SHUFFLES[shuffle_word(shuffle)])  # what the real reader does
     # the same mode on the stand-in: uniform ones as "global" (uniform at any
     # budget), block groups as "blocks" (their size from the scaled budget)
-    same: dict[str, bool | str] = {"whole": "global", "uniform": "global", "blocks": "blocks",
+    same: dict[str, bool | str] = {"uniform": "global", "blocks": "blocks",
                                    "ordered": False}
     order = ShuffleOptions(same[real.mode], seed=seed,
                            memory_budget=max(1, int(real.memory_budget * scale)),
@@ -470,15 +470,13 @@ def _stage_lines(report: BenchReport) -> list[str]:
 
 def shuffle_mode(store: Store, split: str, shuffle: str) -> tuple[str, int]:
     """What ``shuffle`` does on ``split`` at the default memory budget, and that budget."""
-    from windowkit.readers.options import choose_shuffle
+    from windowkit.readers.choice import choose_shuffle
 
     plan = store.read_plan(split)
     choice = choose_shuffle(plan, SHUFFLES[shuffle_word(shuffle)])
     if choice.uniform:
         where = "in memory" if plan.rows_bytes() <= choice.memory_budget else "spilled to disk"
         mode = f"uniform, rows {where}"
-    elif choice.mode == "whole":
-        mode = "uniform, one group of every block"
     else:
         mode = {"blocks": "block groups", "ordered": "index order"}[choice.mode]
     return mode, choice.memory_budget

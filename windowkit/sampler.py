@@ -30,8 +30,6 @@ from windowkit.permutation import GOLDEN, mix, tf_mix
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.readers.plan import ReadPlan
-
 
 def epoch_key(seed: int, epoch: int) -> np.uint64:
     """The key of epoch ``epoch`` under ``seed``: what orders its blocks and
@@ -159,12 +157,3 @@ def default_group(shuffle_blocks: int | None, *, cache_bytes: int, block_bytes: 
         return blocks_per_group(num_blocks, fits=cache_bytes // max(1, block_bytes),
                                 copies=GROUP_SHARE)
     return max(1, min(shuffle_blocks, max(1, num_blocks)))
-
-
-def group_size(plan: ReadPlan, shuffle_blocks: int | None, *, cache_bytes: int) -> int:
-    """Blocks a group holds for ``plan``'s split, the same in every reader and
-    every shard (:func:`default_group` over the whole split's blocks)."""
-    layout = plan.layout
-    return default_group(shuffle_blocks, cache_bytes=cache_bytes,
-                         block_bytes=(layout.block_rows + plan.spec.span - 1) * layout.row_bytes,
-                         num_blocks=int(np.count_nonzero(plan.split_windows_per_block())))

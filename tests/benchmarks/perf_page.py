@@ -291,6 +291,46 @@ def frameworks(fig: dict[str, Any]) -> list[str]:
             "making a batch costs nothing.", "", *_table(header, rows)]
 
 
+def training(fig: dict[str, Any]) -> list[str]:
+    """Each reader consumed as training consumes it, beside materialized windows."""
+    rates = {(r["consumer"], r["reader"]): r["windows_s"] for r in fig["lines"]}
+    rows = []
+    for r in fig["lines"]:
+        base = rates.get((r["consumer"], "materialized"))
+        ratio = f"{r['windows_s'] / base:.2f}{X}" if base else ""
+        reader = r["reader"] if r["reader"] in ("materialized", "np.take") else (
+            f"{_fmt(r['format'])} {r['reader']}")
+        rows.append([r["consumer"], reader, _n(r["windows_s"]), ratio,
+                     f"{r['cpu_s_per_m']:.2f}", f"{r['peak_over_mb']:,.0f} MB",
+                     f"{r['anon_over_mb']:,.0f} MB", f"{r['rows_mb']:,.0f} MB"])
+    header = ["consumer", "reader", "windows/s", "vs materialized", "CPU s/M", "peak+",
+              "anon+", "rows"]
+    return [_when(fig, "make bench"), "",
+            f"{fig['series']} series {X} {fig['rows_per_series']:,} rows {X} 16 float32 "
+            f"({fig['mib']} MiB); L={fig['length']}, batch {fig['batch']}; spilled: "
+            f"`memory_budget` = {fig['spill_budget_mib']} MiB. `grain_batches:0` and "
+            "`memmap:0`: `ReadOptions(num_threads=0)`; `:1`: one thread, 4 batches ahead.",
+            "", *_table(header, rows), "", *[f"- {line}" for line in fig["bars"]]]
+
+
+def gpu(fig: dict[str, Any]) -> list[str]:
+    """``make bench-gpu``: steps/s and the share of step time waiting for input."""
+    rows = []
+    for r in fig["rows"]:
+        if "error" in r:
+            rows.append([r["framework"], r["reader"], f"failed: {r['error']}", "", "", ""])
+            continue
+        wait = f"{100 * r['wait_share']:.1f}%" if "wait_share" in r else "n/a"
+        ceiling = r.get("vs_ceiling")
+        rows.append([r["framework"], r["reader"], f"{r['steps_s']:,.1f}", _n(r["windows_s"]),
+                     wait, f"{ceiling:.2f}{X}" if ceiling else "n/a"])
+    header = ["framework", "reader", "steps/s", "windows/s", "input wait", "vs ceiling"]
+    return [f"*Measured by `make bench-gpu` on {fig.get('date', 'an unrecorded date')}, "
+            f"{fig['gpu']}, {fig.get('cores', '?')} cores: {fig['mib']} MiB store, batch "
+            f"{fig['batch']}, {fig['warmup']} + {fig['steps']} steps a line.*", "",
+            *_table(header, rows), "", *[f"- skipped: {why}" for why in fig.get("skipped", [])]]
+
+
 def cores(fig: dict[str, Any]) -> list[str]:
     """Windows/s per pinned core count (``make bench-cores``), written by its module."""
     from tests.benchmarks.cores import page
@@ -301,7 +341,8 @@ def cores(fig: dict[str, Any]) -> list[str]:
 PARTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "throughput": throughput, "shuffling": shuffling, "sharding": sharding,
     "forecasting": forecasting, "memory": memory, "csv": csv, "convergence": convergence,
-    "beyond": beyond, "frameworks": frameworks, "cores": cores,
+    "beyond": beyond, "frameworks": frameworks, "cores": cores, "training": training,
+    "gpu": gpu,
 }
 # parts whose region is on another page
 PART_PAGES = {"convergence": "shuffling.md", "beyond": "shuffling.md",

@@ -92,10 +92,10 @@ def test_the_graph_holds_no_python_and_reads_in_parallel(store: wk.Store,
 
 
 @pytest.mark.parametrize("options", [
-    {"shuffle": True},  # one group of every block (whole)
+    {"shuffle": True},  # uniform: rows held once, cut in the graph
     {"shuffle": "blocks", "shuffle_blocks": 2, "return_series": True, "normalize": True},
     {"shuffle": False, "num_shards": 2, "shard_index": 1},
-], ids=["whole", "blocks-series-normalized", "ordered-sharded"])
+], ids=["uniform", "blocks-series-normalized", "ordered-sharded"])
 def test_batches_equal_the_numpy_paths_and_the_oracles(store: wk.Store,
                                                        options: dict[str, Any]) -> None:
     graph, numpy = _dataset(store, seed=4, **options), _dataset(store, numpy_path=True, seed=4,
@@ -155,8 +155,8 @@ def test_a_rewritten_block_is_refused_by_its_digest(store: wk.Store, tmp_path: P
     digest tells. Hashed as one piece, and a block at a time (the pieces a
     large group is hashed in): the same batches, the same refusal."""
     monkeypatch.setattr(digests, "HASHED_BYTES", hashed_bytes)
-    _assert_same(_epoch(_dataset(store, shuffle=True, seed=1)),
-                 _epoch(_dataset(store, numpy_path=True, shuffle=True, seed=1)))
+    _assert_same(_epoch(_dataset(store, shuffle="blocks", seed=1)),
+                 _epoch(_dataset(store, numpy_path=True, shuffle="blocks", seed=1)))
     copy = Path(shutil.copytree(store.path, tmp_path / "s"))
     records = pq.read_table(copy / "data" / "records.parquet").to_pydict()
     first = records["global_row"].index(2 * 48)
@@ -169,7 +169,7 @@ def test_a_rewritten_block_is_refused_by_its_digest(store: wk.Store, tmp_path: P
                                         gzip=False)
     part.write_bytes(bytes(blob))
     with pytest.raises(tf.errors.OpError) as caught:
-        _epoch(_dataset(wk.open_store(copy), shuffle=True))
+        _epoch(_dataset(wk.open_store(copy), shuffle="blocks"))
     error = carried_error(caught.value)
     assert isinstance(error, wk.StoreError), caught.value
     assert "block 2 (rows 96..144): its decoded rows do not match the digest" in str(error)
@@ -266,6 +266,24 @@ def test_a_halo_cut_short_and_rewritten_is_refused(halo_store: wk.Store, tmp_pat
     assert line == _error_line(copy, numpy_path=True, shuffle=shuffle, seed=1)
     assert "block 1 (rows 32.." in line and "do not match the digest" in line
     assert any("block 1" in problem for problem in verify_store(copy.path))
+
+
+@pytest.mark.parametrize("shuffle", [False, "blocks"])
+def test_halos_cut_short_in_a_row_read_as_the_numpy_path_reads(tmp_path: Path,
+                                                               shuffle: Any) -> None:
+    """Blocks 1 and 2 both end in a halo cut short (series of 39 and 16 rows,
+    then one of 1, in blocks of 16; a window spans 16 rows): a group of block 1
+    reads block 2 to check its halo, and block 2's own halo is not its to
+    check. One block a group, the same batches as the NumPy path and the oracle."""
+    spec = wk.WindowSpec(3, sampling_rate=3, horizon=3)
+    series = [np.arange(n, dtype=np.float32) + 100 * s for s, n in enumerate([39, 16, 1])]
+    store = wk.convert(series, tmp_path / "s", format="tfrecord", window=spec, block_rows=16)
+    graph = _epoch(_dataset(store, shuffle=shuffle, seed=3, cache_bytes=1))
+    _assert_same(graph, _epoch(_dataset(store, numpy_path=True, shuffle=shuffle, seed=3,
+                                        cache_bytes=1)))
+    expected_x, _ = oracle_windows(series, spec)
+    got = np.concatenate([batch[0] for batch in graph])
+    assert sorted(map(bytes, got)) == sorted(map(bytes, expected_x))
 
 
 def test_a_whole_halo_rewritten_is_found_by_verify(store: wk.Store, tmp_path: Path) -> None:

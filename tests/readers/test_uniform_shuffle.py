@@ -17,14 +17,10 @@ from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
 from windowkit.readers import BatchOptions, ReadPlan, ShuffleOptions
+from windowkit.readers.choice import choose_shuffle
 from windowkit.readers.numpy_engine.batches import EpochBatches
 from windowkit.readers.numpy_engine.held import UniformOrder
-from windowkit.readers.options import (
-    BUDGET_CAP,
-    BUDGET_FLOOR,
-    choose_shuffle,
-    default_memory_budget,
-)
+from windowkit.readers.options import BUDGET_CAP, BUDGET_FLOOR, default_memory_budget
 from windowkit.readers.shares import ShardSequence, ShardShare
 
 SPEC = wk.WindowSpec(length=6, horizon=2, stride=2)
@@ -130,7 +126,7 @@ def test_default_mixes_every_series(fmt: str, tmp_path: Path) -> None:
     batch of 256 holds (nearly) every one of 20 series."""
     series = _numbered([1000] * 20, features=2)
     store = wk.convert(series, tmp_path / "s", format=fmt, window=16, block_rows=128)
-    assert choose_shuffle(store.read_plan("train"), True).mode == "whole"  # one group: uniform
+    assert choose_shuffle(store.read_plan("train"), True).mode == "uniform"
     counts = []
     for batch in store.tf_dataset("train", 256, seed=0, drop_remainder=True):
         rows = batch.numpy()[:, 0, 0].astype(np.int64)

@@ -67,10 +67,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import check_int
+from windowkit.readers.choice import group_size
 from windowkit.readers.numpy_engine.batches import Batch, EpochBatches
 from windowkit.readers.numpy_engine.held import HeldRows
 from windowkit.readers.options import BatchOptions, ShardOptions, ShuffleOptions
-from windowkit.sampler import group_size
 
 if TYPE_CHECKING:
     from windowkit.readers.numpy_engine.fields import BatchFields

@@ -33,7 +33,7 @@ import keras
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers import BatchOptions, ShuffleOptions
 from windowkit.readers.numpy_engine.batches import Batch, EpochBatches
-from windowkit.readers.options import SAVED_FOR_KEYS, check_saved_for
+from windowkit.readers.saved import SAVED_FOR_KEYS, check_saved_for
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan

@@ -8,23 +8,19 @@ readers take the values, not a dozen keywords each:
 - :class:`ShuffleOptions`: the order of the windows and the memory it may take;
 - :class:`ShardOptions`: which share of the split this reader reads.
 
-:func:`choose_shuffle` turns the shuffle options and a plan into what the
-reader does (:class:`ShuffleChoice`).
+How a plan is shuffled with them is :mod:`windowkit.readers.choice`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import psutil
 
 from windowkit.errors import InvalidSpecError, check_bool, check_int
-
-if TYPE_CHECKING:
-    from windowkit.readers.plan import ReadPlan
 
 SHUFFLES = (True, False, "global", "blocks")
 BUDGET_SHARE = 4  # the default memory budget: a quarter of the available memory ...
@@ -54,64 +50,6 @@ def check_shuffle(shuffle: object) -> bool | str:
 def check_budget(name: str, value: object) -> int | None:
     """``value`` (a byte count >= 1) or None (the default); else one line."""
     return None if value is None else check_int(name, value, 1)
-
-
-@dataclass(frozen=True)
-class ShuffleChoice:
-    """How a reader shuffles, and the bytes it may hold.
-
-    ``mode``: ``"uniform"`` (a uniform permutation each epoch, rows held once,
-    in memory or spilled), ``"whole"`` (uniform too: one group of every
-    block), ``"blocks"`` (block groups, as large as the budget holds) or
-    ``"ordered"`` (index order)."""
-
-    mode: str
-    memory_budget: int
-    cache_bytes: int
-
-    @property
-    def uniform(self) -> bool:
-        """Uniform, the rows held once (:class:`windowkit.readers.numpy_engine.held.HeldRows`)."""
-        return self.mode == "uniform"
-
-    @property
-    def grouped(self) -> bool:
-        """Read as groups of blocks (one group of every block when ``"whole"``)."""
-        return self.mode in ("whole", "blocks")
-
-
-def choose_shuffle(plan: ReadPlan, shuffle: bool | str, *, memory_budget: int | None = None,
-                   cache_bytes: int | None = None, shuffle_blocks: int | None = None
-                   ) -> ShuffleChoice:
-    """``True``: uniform when the split's rows fit ``memory_budget`` (default:
-    :func:`default_memory_budget`), else block groups sized by it;
-    ``"global"``: uniform at any size (beyond the budget, spilled to local
-    disk); ``"blocks"``: block groups; ``False``: index order. ``cache_bytes``
-    or ``shuffle_blocks`` (experts) size block groups apart from the budget,
-    and so ask ``True`` for block groups.
-
-    A uniform split whose rows fit the budget ``GROUP_SHARE`` times over
-    (read-ahead, decoding, cutting) is read as one group of every block
-    (``"whole"``): each epoch the same uniform permutation of its windows, cut
-    in the graph, the fastest way. A shard's budget covers its own rows."""
-    from windowkit.sampler import GROUP_SHARE
-
-    shuffle = check_shuffle(shuffle)
-    budget = default_memory_budget() if memory_budget is None else memory_budget
-    groups = budget if cache_bytes is None else cache_bytes
-    rows = plan.rows_bytes()
-    experts = cache_bytes is not None or shuffle_blocks is not None  # they size groups
-    if shuffle is False:
-        mode = "ordered"
-    elif shuffle == "blocks" or (shuffle is True and experts):
-        mode = "blocks"
-    elif rows * GROUP_SHARE <= budget:
-        mode = "whole"
-    elif shuffle == "global" or rows <= budget:
-        mode = "uniform"
-    else:
-        mode = "blocks"
-    return ShuffleChoice(mode, budget, groups)
 
 
 @dataclass(frozen=True)
@@ -161,12 +99,6 @@ class ShuffleOptions:
                    None if shuffle_blocks is None else check_int("shuffle_blocks",
                                                                  shuffle_blocks, 1))
 
-    def choose(self, plan: ReadPlan) -> ShuffleChoice:
-        """How ``plan`` is shuffled with these options (:func:`choose_shuffle`)."""
-        return choose_shuffle(plan, self.shuffle, memory_budget=self.memory_budget,
-                              cache_bytes=self.cache_bytes,
-                              shuffle_blocks=self.shuffle_blocks)
-
 
 @dataclass(frozen=True)
 class ShardOptions:
@@ -198,36 +130,3 @@ class ShardOptions:
     @property
     def whole(self) -> bool:
         return self.num_shards == 1
-
-
-#: What a saved position is for: restored into a reader built otherwise, it
-#: would lose windows and read others twice
-SAVED_FOR_KEYS = ("store_id", "split", "seed", "shuffle", "mode", "batch_size",
-                  "drop_remainder", "num_shards", "shard")
-
-
-def saved_for(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, mode: str
-              ) -> dict[str, Any]:
-    """What a saved position of a reader of ``plan`` is for (JSON-able)."""
-    share = plan.shard_share
-    return {"store_id": plan.store.store_id, "split": plan.split, "seed": order.seed,
-            "shuffle": order.shuffle, "mode": mode, "batch_size": batch.batch_size,
-            "drop_remainder": batch.drop_remainder, "num_shards": share.count,
-            "shard": share.index}
-
-
-def check_saved_for(saved: object, reader: dict[str, Any], keys: tuple[str, ...], *,
-                    what: str = "position") -> None:
-    """One line, naming the first of ``keys`` where the ``saved`` position's
-    reader differs from this ``reader`` (also when it says nothing of it)."""
-    if not isinstance(saved, dict):
-        raise InvalidSpecError(f"the saved {what} is not a windowkit {what} (a dict, "
-                               f"got {type(saved).__name__})")
-    for key in keys:
-        if key not in saved:
-            raise InvalidSpecError(f"the saved {what} does not say which {key} it is for: "
-                                   "it was not saved by this windowkit reader")
-        if saved[key] != reader[key]:
-            raise InvalidSpecError(
-                f"the saved {what} is for {key}={saved[key]!r}, this reader has "
-                f"{key}={reader[key]!r}: build the reader as it was when it was saved")

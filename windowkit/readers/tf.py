@@ -17,14 +17,13 @@ per batch.
    (:mod:`windowkit.readers.tfdata_engine.carry`, no ``rebatch``), then
    ``assert_cardinality`` -> ``prefetch`` (optionally onto a GPU).
 
-How it shuffles (:func:`windowkit.readers.options.choose_shuffle`): uniformly
-when asked (``"global"``) or when the split's rows fit the memory budget but
-not several times over (:mod:`windowkit.readers.tfdata_engine.uniform`, rows
-held once by the NumPy engine, every format); one group of every block when
-they fit several times over; else block groups: each
-epoch permutes the blocks holding windows of the split, and the windows of
-``shuffle_blocks`` blocks at a time (as many as the budget holds) are
-permuted together.
+How it shuffles (:func:`windowkit.readers.choice.choose_shuffle`): uniformly
+when asked (``"global"``) or when the split's rows fit the memory budget
+(:mod:`windowkit.readers.tfdata_engine.uniform`: rows held once, in memory or
+spilled, every format, batches cut from them in the graph as in step 2); else
+block groups: each epoch permutes the blocks holding windows of the split,
+and the windows of ``shuffle_blocks`` blocks at a time (as many as the
+budget holds) are permuted together.
 """
 
 from __future__ import annotations
@@ -36,8 +35,9 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
+from windowkit.readers.choice import shuffle_choice
 from windowkit.readers.numpy_engine.fields import BatchFields
-from windowkit.readers.options import saved_for
+from windowkit.readers.saved import saved_for
 from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
@@ -91,9 +91,10 @@ def cut_groups(groups: tf.data.Dataset, plan: ReadPlan, cutter: WindowCutter, *,
 def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
                device: str | None = None, service: str | None = None,
                graph_reads: bool = True, epoch: int = 0) -> tf.data.Dataset:
-    """The split's batches, shuffled as ``order`` says (:func:`choose_shuffle`):
-    uniformly (rows held once, batches gathered by random access), or groups of
-    blocks in the sampler's order with windows cut in the graph; with
+    """The split's batches, shuffled as ``order`` says
+    (:func:`windowkit.readers.choice.choose_shuffle`): uniformly (rows held
+    once, batches gathered by random access), or groups of blocks in the
+    sampler's order with windows cut in the graph; with
     ``service`` (a tf.data dispatcher's address), read by its workers. A
     batch's ``x`` is a dict of fields with ``return_series`` or known-future
     columns; ``device`` prefetches batches into that device's memory. The
@@ -104,7 +105,7 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
     from windowkit.readers.tfdata_engine.epochs import EpochCounter, epoched
 
     fields = plan.store.fields(batch.return_series)
-    choice = order.choose(plan)
+    choice = shuffle_choice(plan, order)
     if service is not None:
         from windowkit.readers.tfdata_engine.service import service_batches
 

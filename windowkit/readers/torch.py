@@ -46,7 +46,7 @@ import torch
 
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers.numpy_engine.batches import EpochBatches
-from windowkit.readers.options import SAVED_FOR_KEYS, check_saved_for
+from windowkit.readers.saved import SAVED_FOR_KEYS, check_saved_for
 
 
 def distributed_shard(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -8,7 +8,7 @@ The Keras ``PyDataset``, the PyTorch ``Dataset`` and the Grain source are thin
 front ends over it.
 
 How batches are cut follows the shuffle chosen for the plan
-(:func:`windowkit.readers.options.choose_shuffle`): a uniform shuffle holds
+(:func:`windowkit.readers.choice.choose_shuffle`): a uniform shuffle holds
 the split's rows once (:mod:`windowkit.readers.numpy_engine.held`) and cuts a
 batch with one NumPy gather; block groups and index order cut from a cache of
 decoded blocks (:mod:`windowkit.readers.numpy_engine.pool`).
@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import InvalidSpecError, check_int
+from windowkit.readers.choice import group_size, shuffle_choice
 from windowkit.readers.numpy_engine.held import HeldRows, UniformOrder
 from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
 from windowkit.readers.numpy_engine.pool import WindowGather
-from windowkit.readers.options import BatchOptions, ShuffleOptions, check_saved_for, saved_for
+from windowkit.readers.options import BatchOptions, ShuffleOptions
+from windowkit.readers.saved import check_saved_for, saved_for
 from windowkit.readers.shares import EpochStop, ShardSequence, ShardShare, windows_left
-from windowkit.sampler import group_size
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class EpochBatches:
         self.plan = plan
         self.batch, self.order = batch or BatchOptions(), order or ShuffleOptions()
         self.fields = plan.store.fields(self.batch.return_series)
-        self.choice = self.order.choose(plan)
+        self.choice = shuffle_choice(plan, self.order)
         if self.batch.normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self.windows_per_epoch = plan.windows_per_epoch(self.batch.drop_remainder)
@@ -116,7 +117,7 @@ class EpochBatches:
     def holds_rows(self) -> bool:
         """Whether batches come from the plan's rows held once (any uniform
         shuffle: random access in NumPy is the fast way here)."""
-        return self.choice.mode in ("uniform", "whole")
+        return self.choice.uniform
 
     @property
     def batch_size(self) -> int:
@@ -212,12 +213,8 @@ class EpochBatches:
 
     def windows_at(self, epoch: int, where: np.ndarray) -> Batch:
         """The windows at epoch positions ``where`` of epoch ``epoch``, as one batch."""
-        self._this_process()
-        self._check_store(epoch)
-        local, fields = self._process_local(), self.fields
-        positions = self._sequence(local, epoch).positions(epoch, where)
-        starts, series = self.plan.whole_split.global_starts_and_series(positions)
-        targets = self.plan.store.target_positions
+        local, starts, series = self._starts_at(epoch, where)
+        fields, targets = self.fields, self.plan.store.target_positions
         columns = fields.horizon_columns(targets)
         if local.gather is None:
             x, horizon = self.held_rows().windows(starts, columns)
@@ -225,6 +222,22 @@ class EpochBatches:
             x, horizon = local.gather.cut(starts, columns)
         return fields.assemble(x, horizon, series if fields.series else None,
                                targets=targets, norm=local.normalizer)
+
+    def held_positions_at(self, epoch: int, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the windows at epoch positions ``where`` of epoch ``epoch``
+        start in :meth:`held_rows`' rows, and their series (int32): what the
+        ``tf.data`` reader cuts in the graph."""
+        _, starts, series = self._starts_at(epoch, where)
+        return self.held_rows().positions(starts), series.astype(np.int32, copy=False)
+
+    def _starts_at(self, epoch: int, where: np.ndarray) -> tuple[_Local, np.ndarray, np.ndarray]:
+        """This process's state, and the global start rows and series of the
+        windows at epoch positions ``where``."""
+        self._this_process()
+        self._check_store(epoch)
+        local = self._process_local()
+        positions = self._sequence(local, epoch).positions(epoch, where)
+        return local, *self.plan.whole_split.global_starts_and_series(positions)
 
     # -- saved positions -------------------------------------------------------------
     def position_after(self, epoch: int, batches: int) -> dict[str, Any]:

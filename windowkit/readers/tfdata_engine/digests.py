@@ -151,8 +151,10 @@ class GroupDigests:
         the two as one run), else its head."""
         import tensorflow as tf
 
-        short = tf.reshape(tf.where(tf.gather(self._short, blocks)), [-1])
-        block = tf.gather(blocks, short)
+        # the group's own blocks whose halo is cut short (a block read only to
+        # check such a halo has no windows here: its own halo is not read on)
+        block = tf.boolean_mask(asked, tf.gather(self._short, asked))
+        short = tf.searchsorted(blocks, block)  # where each is among the blocks read
         after = tf.searchsorted(blocks, block + 1)  # the next block, read with it
         length = tf.gather(halos, short) * self._row_bytes
         halo = tf.strings.substr(raw, (tf.gather(offsets, short) + self._block_rows(block))

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
 from windowkit.errors import check_int
-from windowkit.readers.options import SAVED_FOR_KEYS, check_saved_for
+from windowkit.readers.saved import SAVED_FOR_KEYS, check_saved_for
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -97,7 +97,7 @@ Build = Callable[[EpochCounter, "int | None"], "tf.data.Dataset"]  # (counter, e
 def epoched(build: Build, counter: EpochCounter, saved_for: dict[str, Any],
             epochs: int | None = 1) -> tf.data.Dataset:
     """``build(counter, epochs)`` as an :class:`EpochedDataset` (``saved_for``:
-    what its checkpoints are for, see :func:`windowkit.readers.options.saved_for`)."""
+    what its checkpoints are for, see :func:`windowkit.readers.saved.saved_for`)."""
     return EpochedDataset(build, counter, epochs, saved_for)
 
 

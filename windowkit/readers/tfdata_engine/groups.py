@@ -23,8 +23,9 @@ import numpy as np
 from windowkit.index import WindowRuns
 from windowkit.location import is_remote
 from windowkit.permutation import tf_permute
+from windowkit.readers.choice import group_size
 from windowkit.readers.tfdata_engine.reads import group_reads
-from windowkit.sampler import Sampler, group_size
+from windowkit.sampler import Sampler
 
 if TYPE_CHECKING:
     import tensorflow as tf
