@@ -33,14 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from windowkit.permutation import tf_permute
 from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter
+from windowkit.sampler import uniform_key
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from windowkit.readers.numpy_engine.batches import EpochBatches
 
-CHUNK_BATCHES = 16  # batches whose window positions one numpy_function call computes
+CHUNK_BATCHES = 16  # batches cut at once (and, for a shard, one numpy_function call)
 
 MakeEpoch = Callable[["tf.Tensor"], "tf.data.Dataset"]  # an epoch -> its batches
 
@@ -60,28 +62,16 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
     total = batches.windows_per_epoch
     windows = batches.batches_per_epoch * batch_size if batches.batch.drop_remainder else total
     whole = batches.batch.drop_remainder or total % batch_size == 0  # every batch full
-    guard = batches.plan.store.guard
+    where = _GraphPositions(batches) if plan.shard_share.whole else _PythonPositions(batches)
 
-    def held_rows(epoch: Any) -> np.ndarray:  # an input: else folded into a constant
-        return batches.held_rows().rows
+    def held(epoch: Any) -> tuple[np.ndarray, np.uint64]:  # once an epoch
+        batches.plan.store.guard.check()  # a replaced store is an error
+        return batches.held_rows().rows, np.uint64(uniform_key(batches.order.seed,
+                                                                int(epoch)))
 
-    def positions(epoch: Any, lo: Any) -> tuple[np.ndarray, np.ndarray]:
-        if int(lo) == 0:  # an epoch's first chunk: a replaced store is an error
-            guard.check()
-        where = np.arange(int(lo), min(int(lo) + chunk, windows), dtype=np.int64)
-        return batches.held_positions_at(int(epoch), where)
-
-    def cut_chunk(lo: tf.Tensor, epoch: tf.Tensor) -> Any:
-        # the held rows come in (no copy) and the chunk's windows go out within
-        # one function. Stateless: a chunk depends only on (epoch, lo), so
-        # symbolic checkpointing records the position alone
-        held = tf.numpy_function(held_rows, [epoch], tf.as_dtype(rows.dtype), stateful=False)
-        held.set_shape(rows.shape)
-        at, series = tf.numpy_function(positions, [epoch, lo], [tf.int64, tf.int32],
-                                       stateful=False)
-        at.set_shape([None])
-        series.set_shape([None])
-        return tf.size(at, out_type=tf.int64), cutter(cutter.prepare(held, narrow=False), at,
+    def cut_chunk(lo: tf.Tensor, epoch: tf.Tensor, rows_in: tf.Tensor, key: tf.Tensor) -> Any:
+        at, series = where(epoch, key, lo, tf.minimum(lo + chunk, windows))
+        return tf.size(at, out_type=tf.int64), cutter(cutter.prepare(rows_in, narrow=False), at,
                                                       series if with_series else None)
 
     def chunk_batches(size: tf.Tensor, windows_cut: Any) -> tf.data.Dataset:
@@ -92,11 +82,76 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
         return tf.data.Dataset.range(0, size, batch_size).map(batch_at)
 
     def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
+        # the held rows come in without a copy (an input keeps the call from
+        # being folded into a constant, which would be one); stateless: what an
+        # epoch reads depends only on its number, so symbolic checkpointing
+        # records a position and nothing else
+        rows_in, key = tf.numpy_function(held, [epoch], [tf.as_dtype(rows.dtype), tf.uint64],
+                                         stateful=False)
+        rows_in.set_shape(rows.shape)
+        key.set_shape([])
         chunks = tf.data.Dataset.range(0, windows, chunk)
-        return chunks.map(lambda lo: cut_chunk(lo, epoch), num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=True).flat_map(chunk_batches)
+        return chunks.map(lambda lo: cut_chunk(lo, epoch, rows_in, key),
+                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+                          ).flat_map(chunk_batches)
 
     return one_epoch
+
+
+class _GraphPositions:
+    """Where the windows at epoch positions ``[lo, hi)`` start in the held
+    rows, and their series, computed in the graph (no Python while an epoch
+    is read: a training loop in Python never waits on the interpreter lock
+    for it): the epoch's keyed permutation
+    (:func:`windowkit.permutation.tf_permute`, the NumPy engine's numbers),
+    the runs of the index, the blocks' places in the held rows. For a whole
+    split; a shard's order is :class:`_PythonPositions`'."""
+
+    def __init__(self, batches: EpochBatches) -> None:
+        import tensorflow as tf
+
+        runs, held = batches.plan.whole_split, batches.held_rows()
+        self._total, self._stride, self._block_rows = runs.total, runs.stride, held.block_rows
+        self._run_first = tf.constant(runs.cumulative[:-1], tf.int64)
+        self._run_start = tf.constant(runs.global_first, tf.int64)
+        self._run_series = tf.constant(runs.series, tf.int32)
+        self._block_base = tf.constant(held.block_base, tf.int64)
+
+    def __call__(self, epoch: tf.Tensor, key: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor
+                 ) -> tuple[tf.Tensor, tf.Tensor]:
+        import tensorflow as tf
+
+        positions = tf_permute(tf.range(lo, hi), self._total, key)
+        run = tf.searchsorted(self._run_first, positions, side="right", out_type=tf.int64) - 1
+        starts = (tf.gather(self._run_start, run)
+                  + (positions - tf.gather(self._run_first, run)) * self._stride)
+        block = starts // self._block_rows
+        at = tf.gather(self._block_base, block) + starts - block * self._block_rows
+        return at, tf.gather(self._run_series, run)
+
+
+class _PythonPositions:
+    """:class:`_GraphPositions` for a shard: one ``numpy_function`` call per
+    chunk (:meth:`windowkit.readers.numpy_engine.batches.EpochBatches.held_positions_at`:
+    a shard's piece of the epoch's order, padded; small arrays, the
+    interpreter lock held briefly; a spill's pages asked for ahead)."""
+
+    def __init__(self, batches: EpochBatches) -> None:
+        self.batches = batches
+
+    def _positions(self, epoch: Any, lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
+        where = np.arange(int(lo), int(hi), dtype=np.int64)
+        return self.batches.held_positions_at(int(epoch), where)
+
+    def __call__(self, epoch: tf.Tensor, key: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor
+                 ) -> tuple[tf.Tensor, tf.Tensor]:
+        import tensorflow as tf
+
+        at, series = tf.numpy_function(self._positions, [epoch, lo, hi], [tf.int64, tf.int32],
+                                       stateful=False)
+        at.set_shape([None])
+        series.set_shape([None])
+        return at, series
 
 
 def _whole(batch: Any, batch_size: int) -> Any:
@@ -111,4 +166,7 @@ def uniform_dataset(batches: EpochBatches, epoch: int = 0) -> tf.data.Dataset:
     """Epoch ``epoch`` of ``batches``, as one dataset (benchmarks)."""
     import tensorflow as tf
 
-    return uniform_epochs(batches)(tf.constant(epoch, tf.int64)).prefetch(PREFETCH_BATCHES)
+    # the epoch as an element, not a constant: a constant would fold the held
+    # rows into the graph (a copy)
+    epochs = tf.data.Dataset.from_tensors(tf.constant(epoch, tf.int64))
+    return epochs.flat_map(uniform_epochs(batches)).prefetch(PREFETCH_BATCHES)
