@@ -298,8 +298,8 @@ def training(fig: dict[str, Any]) -> list[str]:
     for r in fig["lines"]:
         base = rates.get((r["consumer"], "materialized"))
         ratio = f"{r['windows_s'] / base:.2f}{X}" if base else ""
-        reader = r["reader"] if r["reader"] in ("materialized", "np.take") else (
-            f"{_fmt(r['format'])} {r['reader']}")
+        own = r["reader"] in ("materialized", "np.take") or r["reader"].startswith("memmap")
+        reader = r["reader"] if own else f"{_fmt(r['format'])} {r['reader']}"
         rows.append([r["consumer"], reader, _n(r["windows_s"]), ratio,
                      f"{r['cpu_s_per_m']:.2f}", f"{r['peak_over_mb']:,.0f} MB",
                      f"{r['anon_over_mb']:,.0f} MB", f"{r['rows_mb']:,.0f} MB"])
