@@ -328,7 +328,9 @@ class FormatTests:
         """No generator: block groups' order is computed by graph ops, and Python
         runs once per group of blocks (a stateless numpy_function reading them),
         or, for a format read in the graph, never (a parallel interleave of its
-        files instead)."""
+        files instead). A uniform shuffle's order is in the graph too (its
+        permutation's Feistel rounds), Python handing over the held rows once
+        an epoch."""
         store = wk.convert(random_series([500, 300]), tmp_path / "s", format=fmt,
                            window=wk.WindowSpec(8, horizon=1), block_rows=64, parts=2)
         for shuffle in ("blocks", True):
@@ -336,7 +338,9 @@ class FormatTests:
             assert not {op for op in ops if "Generator" in op}
             assert "GatherV2" in ops
             assert "LookupTableFindV2" in ops  # the epoch, from the reader's counter
-            if self.reads_groups_in_graph:
+            if shuffle is True:
+                assert {"PyFuncStateless", "BitwiseXor", "UpperBound"} <= ops
+            elif self.reads_groups_in_graph:
                 assert not {op for op in ops if "PyFunc" in op}
                 assert {op for op in ops if op.startswith("ParallelInterleaveDataset")}
             else:
