@@ -236,9 +236,7 @@ class BatchGrainSource:
     def identity(self) -> dict[str, Any]:
         """What the items depend on: the store, split, order, batches, shard and epochs."""
         saved = self.batches.identity()
-        if self.batches.holds_rows:  # a uniform order, whether the rows fit once or more
-            saved["mode"] = "uniform"
-        elif saved["mode"] == "blocks":  # the order depends on the group size too
+        if saved["mode"] == "blocks":  # the order depends on the group size too
             saved["group_blocks"] = group_size(self.batches.plan, self.batches.order.shuffle_blocks,
                                                cache_bytes=self.batches.choice.cache_bytes)
         batch = self.batches.batch

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from windowkit.readers.tfdata_engine.cut import full_batch
+
 if TYPE_CHECKING:
     import tensorflow as tf
 
@@ -67,13 +69,11 @@ def carried_batches(groups: tf.data.Dataset, cutter: WindowCutter, *, batch_size
             middle.append(tf.reshape(series[take:take + full], [-1, B]))
         return new_carry, (emit, carry, prepared, tuple(middle))
 
-    def whole(batch: Any) -> Any:  # a carried batch is whole: say so to the static shape
-        return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [B, *t.shape[1:]]), batch)
-
     def batches(emit: tf.Tensor, carried: Any, prepared: Any, middle: tuple[tf.Tensor, ...]
                 ) -> tf.data.Dataset:
+        # a carried batch is full: say so to the static shape
         first = tf.data.Dataset.from_tensors((emit, carried)).filter(
-            lambda keep, _: keep).map(lambda _, batch: whole(batch) if drop_remainder
+            lambda keep, _: keep).map(lambda _, batch: full_batch(batch, B) if drop_remainder
                                       else batch)
         cut = tf.data.Dataset.from_tensor_slices(middle).map(
             lambda *ids: cutter(prepared, *ids), num_parallel_calls=tf.data.AUTOTUNE,

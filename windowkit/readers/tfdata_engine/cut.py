@@ -98,6 +98,14 @@ class WindowCutter:
         return out if y is None else (out, y)
 
 
+def full_batch(batch: Any, batch_size: int) -> Any:
+    """``batch`` with its first dimension known: a batch that is always full."""
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [batch_size, *t.shape[1:]]),
+                                 batch)
+
+
 def _columns(rows: tf.Tensor, columns: np.ndarray) -> tf.Tensor:
     """``rows[:, columns]``: a slice (a faster copy) when the columns are a run,
     else a gather."""

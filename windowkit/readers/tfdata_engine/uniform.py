@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.permutation import tf_permute
-from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter
+from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter, full_batch
 from windowkit.sampler import uniform_key
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
     def chunk_batches(size: tf.Tensor, windows_cut: Any) -> tf.data.Dataset:
         def batch_at(k: tf.Tensor) -> Any:
             part = tf.nest.map_structure(lambda t: t[k:k + batch_size], windows_cut)
-            return _whole(part, batch_size) if whole else part
+            return full_batch(part, batch_size) if whole else part
 
         return tf.data.Dataset.range(0, size, batch_size).map(batch_at)
 
@@ -152,14 +152,6 @@ class _PythonPositions:
         at.set_shape([None])
         series.set_shape([None])
         return at, series
-
-
-def _whole(batch: Any, batch_size: int) -> Any:
-    """``batch`` with its first dimension known: every batch is full."""
-    import tensorflow as tf
-
-    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [batch_size, *t.shape[1:]]),
-                                 batch)
 
 
 def uniform_dataset(batches: EpochBatches, epoch: int = 0) -> tf.data.Dataset:
