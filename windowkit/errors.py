@@ -110,6 +110,9 @@ def carried_error(exc: BaseException) -> WindowkitError | None:
     lines = [line for line in text.splitlines()  # TensorFlow's node lines follow it
              if line.strip() and not line.lstrip().startswith("[[")]
     last = re.fullmatch(r"(windowkit(?:\.\w+)*)\.(\w+): (.+)", lines[-1]) if lines else None
+    if last is None and lines:  # a graph assertion's message, as tf.debugging.Assert words it
+        last = re.search(r"assertion failed: \[(windowkit(?:\.\w+)*)\.(\w+): (.+?)\]",
+                         lines[-1])
     if last is None:
         return None
     module, name, message = last.groups()

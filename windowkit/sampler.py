@@ -139,10 +139,12 @@ class Sampler:
 def blocks_per_group(num_blocks: int, *, fits: int, copies: int) -> int:
     """Blocks whose windows are mixed together: every block of the split when
     the reader's memory holds ``copies`` of them all (``fits`` blocks), else
-    what one of ``copies`` shares of it holds."""
+    the largest power of two that one of ``copies`` shares of it holds (so
+    that machines whose budgets differ by less than half mix alike)."""
     if fits >= copies * num_blocks:
         return max(1, num_blocks)
-    return max(1, fits // copies)
+    holds = max(1, fits // copies)
+    return 1 << (holds.bit_length() - 1)
 
 
 GROUP_SHARE = 6  # a group's rows are held ~6 times (read-ahead, decode, cut, batches)

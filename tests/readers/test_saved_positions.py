@@ -1,10 +1,13 @@
 """A saved position carries what its reader was built for (store, split, seed,
-shuffle mode, batch size, shards and shard): restored into a reader built
-otherwise, every reader says so in one line, before any window is lost or
-read twice: a torch dataset's ``state_dict`` (and so ``StatefulDataLoader``),
+shuffle, epoch order, batch size, shards and shard): restored into a reader
+built otherwise, every reader says so in one line, before any window is lost
+or read twice: a torch dataset's ``state_dict`` (and so ``StatefulDataLoader``),
 a ``tf.data`` iterator's ``tf.train.Checkpoint``, Keras ``backup_and_restore``
 and ``position_after``/``resume`` (which alone resumes on another number of
-shards, or with another batch size: it counts windows)."""
+shards, or with another batch size: it counts windows). A torch state goes
+to any rank (ranks step together; Lightning saves one rank's); a ``tf.data``
+checkpoint goes to any reader of the same order, whichever ``shuffle``
+option chose it."""
 
 from __future__ import annotations
 
@@ -46,6 +49,12 @@ OTHERWISE = [({}, {"seed": 2}, "seed"), ({}, {"batch_size": 32}, "batch_size"),
              ({}, TWO_RANKS, "num_shards"), (TWO_RANKS, {**TWO_RANKS, "rank": 1}, "shard")]
 IDS = [key if key != "shuffle" else f"shuffle={options['shuffle']}"
        for _, options, key in OTHERWISE]
+#: a torch state goes to any rank; the rest as above
+TORCH_OTHERWISE = [case for case in OTHERWISE if case[2] != "shard"]
+#: a tf.data checkpoint names the order itself: shuffle=False is another order,
+#: shuffle="global" the same uniform one as shuffle=True where the rows fit
+TF_OTHERWISE = [(built, change, "order" if key == "shuffle" else key)
+                for built, change, key in OTHERWISE if change.get("shuffle") != "global"]
 
 
 def _options(stores: tuple[wk.Store, wk.Store], change: dict[str, Any]
@@ -73,7 +82,9 @@ def _torch(stores: tuple[wk.Store, wk.Store], change: dict[str, Any]) -> Any:
     return store.torch_dataset(split, batch_size, **options)
 
 
-@pytest.mark.parametrize(("built", "change", "key"), OTHERWISE, ids=IDS)
+@pytest.mark.parametrize(("built", "change", "key"), TORCH_OTHERWISE,
+                         ids=[case[2] if case[2] != "shuffle" else f"shuffle={case[1]['shuffle']}"
+                              for case in TORCH_OTHERWISE])
 def test_a_torch_state_restored_into_another_reader_is_one_line(
         stores: tuple[wk.Store, wk.Store], built: dict[str, Any], change: dict[str, Any],
         key: str) -> None:
@@ -114,7 +125,9 @@ def _tf(stores: tuple[wk.Store, wk.Store], change: dict[str, Any]) -> tf.data.Da
     return store.tf_dataset(split, batch_size, **options)
 
 
-@pytest.mark.parametrize(("built", "change", "key"), OTHERWISE, ids=IDS)
+@pytest.mark.parametrize(("built", "change", "key"), TF_OTHERWISE,
+                         ids=[f"{case[2]}-{'-'.join(map(str, case[1].values()))}"
+                              for case in TF_OTHERWISE])
 def test_a_tf_checkpoint_restored_into_another_reader_is_one_line(
         stores: tuple[wk.Store, wk.Store], tmp_path: Path, built: dict[str, Any],
         change: dict[str, Any], key: str) -> None:

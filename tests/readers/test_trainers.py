@@ -147,3 +147,74 @@ def test_accelerate_prepare_is_exact(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]
     _check(series, [tmp_path / "out.0", tmp_path / "out.1"])
+
+
+_LIGHTNING_PREEMPTED = textwrap.dedent("""
+    import glob, json, os, sys
+    import lightning as L, torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    import windowkit as wk
+
+    store_path, out, ckpt_dir, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(15, 6)
+
+        def train_dataloader(self):
+            ds = wk.open_store(store_path).torch_dataset("train", 16, seed=5)
+            return StatefulDataLoader(ds, batch_size=None, sampler=ds.sampler())
+
+        def training_step(self, batch, index):
+            x, y = batch
+            with open(f"{out}.{self.global_rank}", "a") as f:  # what this step trains
+                f.write(json.dumps([self.current_epoch, self.global_step,
+                                    x.flatten(1).numpy().tolist()]) + "\\n")
+            return torch.nn.functional.mse_loss(self.layer(x.flatten(1)), y.flatten(1))
+
+        def on_train_batch_start(self, batch, index):
+            if self.global_step == kill_at:  # preempted: no clean shutdown
+                os._exit(9)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    if __name__ == "__main__":
+        saved = sorted(glob.glob(os.path.join(ckpt_dir, "*.ckpt")))
+        trainer = L.Trainer(devices=2, accelerator="cpu", strategy="ddp", max_epochs=EPOCHS,
+                            logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=SAVE,
+                                                       save_top_k=-1)])
+        trainer.fit(Model(), ckpt_path=saved[-1] if saved else None)
+""").replace("EPOCHS", str(EPOCHS)).replace("SAVE", "12")
+
+
+def test_lightning_ddp_resumes_mid_epoch_from_its_checkpoint(tmp_path: Path) -> None:
+    """Killed (no clean shutdown) two steps after a step-12 checkpoint, inside
+    epoch 1; run again from that checkpoint: per epoch, the steps up to the
+    checkpoint and those after it train every window once between the ranks."""
+    store, series = _store(tmp_path)
+    script = tmp_path / "fit.py"
+    script.write_text(_LIGHTNING_PREEMPTED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "MASTER_ADDR": "127.0.0.1"}
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    for run, kill_at in enumerate((14, -1)):
+        port = str(29_000 + (os.getpid() + 7 * run) % 400)
+        proc = subprocess.run([sys.executable, str(script), str(store.path), f"{out}{run}",
+                               str(ckpt), str(kill_at)], env={**env, "MASTER_PORT": port},
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == (9 if run == 0 else 0), proc.stderr[-3000:]
+    steps_per_epoch = None
+    for rank in (0, 1):
+        first = [json.loads(line) for line in Path(f"{out}0.{rank}").read_text().splitlines()]
+        second = [json.loads(line) for line in Path(f"{out}1.{rank}").read_text().splitlines()]
+        assert min(step for _, step, _ in second) == 12  # Lightning goes on after the checkpoint
+        kept = [(e, s, b) for e, s, b in first if s < 12] + second
+        seen = [(e, b) for e, _, b in kept]
+        steps_per_epoch = steps_per_epoch or sum(1 for e, _ in seen if e == 0)
+        assert 0 < 12 - steps_per_epoch < steps_per_epoch  # the checkpoint is inside epoch 1
+        Path(f"{out}.{rank}").write_text(json.dumps({"rank": rank, "seen": seen}))
+    _check(series, [Path(f"{out}.0"), Path(f"{out}.1")])

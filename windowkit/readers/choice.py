@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from windowkit.readers.options import check_shuffle, default_memory_budget
+from windowkit.readers.saved import order_name
 from windowkit.sampler import default_group
 
 if TYPE_CHECKING:
@@ -79,3 +80,11 @@ def group_size(plan: ReadPlan, shuffle_blocks: int | None, *, cache_bytes: int) 
     return default_group(shuffle_blocks, cache_bytes=cache_bytes,
                          block_bytes=(layout.block_rows + plan.spec.span - 1) * layout.row_bytes,
                          num_blocks=int(np.count_nonzero(plan.split_windows_per_block())))
+
+
+def epoch_order(plan: ReadPlan, order: ShuffleOptions, choice: ShuffleChoice) -> str:
+    """The epoch order a reader of ``plan`` built with ``order`` follows
+    (:func:`windowkit.readers.saved.order_name`): what its saved positions carry."""
+    group = (group_size(plan, order.shuffle_blocks, cache_bytes=choice.cache_bytes)
+             if choice.grouped else 1)
+    return order_name(choice.mode, group)

@@ -67,7 +67,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import check_int
-from windowkit.readers.choice import group_size
 from windowkit.readers.numpy_engine.batches import Batch, EpochBatches
 from windowkit.readers.numpy_engine.held import HeldRows
 from windowkit.readers.options import BatchOptions, ShardOptions, ShuffleOptions
@@ -235,10 +234,7 @@ class BatchGrainSource:
 
     def identity(self) -> dict[str, Any]:
         """What the items depend on: the store, split, order, batches, shard and epochs."""
-        saved = self.batches.identity()
-        if saved["mode"] == "blocks":  # the order depends on the group size too
-            saved["group_blocks"] = group_size(self.batches.plan, self.batches.order.shuffle_blocks,
-                                               cache_bytes=self.batches.choice.cache_bytes)
+        saved = self.batches.identity()  # with the epoch order (group sizes included)
         batch = self.batches.batch
         return {**saved, "store_id": saved["store_id"][:12], "epoch": self.epoch,
                 "epochs": self.epochs, "batches": len(self), "normalize": batch.normalize,

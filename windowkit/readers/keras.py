@@ -13,10 +13,19 @@ The dataset already shuffles: pass ``shuffle=False`` to ``model.fit``, which
 otherwise also shuffles the batch order and so defeats the block cache.
 
 Resuming mid-epoch: the dataset has a position, ``(epoch, batch)``, settable
-with :meth:`WindowPyDataset.seek`; :meth:`WindowPyDataset.backup_and_restore`
-gives a ``keras.callbacks.BackupAndRestore`` that saves that position with the
+with :meth:`WindowPyDataset.seek` (or :meth:`WindowPyDataset.resume`);
+``fit`` then trains the rest of that epoch, then whole epochs.
+:meth:`WindowPyDataset.backup_and_restore` gives a
+``keras.callbacks.BackupAndRestore`` that saves that position with the
 weights and restores both, so an interrupted ``fit`` goes on at the batch
-where it stopped, in the same order.
+where it stopped, in the same order (on another machine too: the position
+carries the epoch order).
+
+Keras counts an epoch's batches once, before the first epoch, and calls
+``on_epoch_end`` once before it too (to reset its iterator). The dataset
+tells Keras a whole epoch's batches and ignores an ``on_epoch_end`` from Keras
+while no epoch is under way, so that a resumed epoch is trained from where it
+stopped, and the whole epochs after it are trained whole.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +43,7 @@ import keras
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers import BatchOptions, ShuffleOptions
 from windowkit.readers.numpy_engine.batches import Batch, EpochBatches
-from windowkit.readers.saved import SAVED_FOR_KEYS, check_saved_for
+from windowkit.readers.saved import ADOPTING_KEYS, check_epoch
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
@@ -56,7 +66,14 @@ class WindowPyDataset(keras.utils.PyDataset):
         self.batch_size = self.batches.batch_size  # Keras' own name for it
         self._epoch = 0
         self._first_batch = 0  # batches of epoch `_epoch` already done (resuming)
+        self._running = False  # Keras began an epoch and has not ended it
+        self._quiet: warnings.catch_warnings[Any] | None = None
         self.batches.hold()  # held now, so that forked workers share the rows
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_quiet"] = None  # the main process's warning filter stays there
+        return state
 
     # -- the PyDataset protocol ------------------------------------------------------
     @property
@@ -66,7 +83,7 @@ class WindowPyDataset(keras.utils.PyDataset):
 
     @epoch.setter
     def epoch(self, value: int) -> None:
-        self._epoch = check_int("epoch", value, 0)
+        self._epoch = check_epoch(value)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -77,11 +94,11 @@ class WindowPyDataset(keras.utils.PyDataset):
     def seek(self, epoch: int, batch: int = 0) -> None:
         """Go on from batch ``batch`` of epoch ``epoch``: until that epoch ends,
         ``len()`` counts the batches left and ``self[i]`` is batch ``batch + i``."""
-        self._epoch = check_int("epoch", epoch, 0)
-        self._first_batch = check_int("batch", batch, 0)
-        if self._first_batch > self.batches_per_epoch:
+        epoch, batch = check_epoch(epoch), check_int("batch", batch, 0)
+        if batch > self.batches.batches_in(epoch):
             raise InvalidSpecError(f"batch {batch} is beyond the epoch's "
-                                   f"{self.batches_per_epoch} batches")
+                                   f"{self.batches.batches_in(epoch)} batches")
+        self._epoch, self._first_batch = epoch, batch
 
     @property
     def batches_per_epoch(self) -> int:
@@ -109,6 +126,14 @@ class WindowPyDataset(keras.utils.PyDataset):
         """The batches left in the current epoch (all of them unless resumed)."""
         return self.batches_per_epoch - self._first_batch
 
+    @property
+    def num_batches(self) -> int:
+        """What Keras counts: the batches left while it trains an epoch, and a
+        whole epoch's when it counts ahead (before ``fit``'s first epoch, for
+        every epoch), so that a resumed epoch does not cut the whole ones
+        after it short (Keras stops the resumed one where its batches end)."""
+        return len(self) if self._running else self.batches.batches_per_epoch
+
     def __getitem__(self, index: int) -> Batch:
         """Batch ``index`` of what is left of the current epoch (negative counts
         from the end)."""
@@ -118,9 +143,25 @@ class WindowPyDataset(keras.utils.PyDataset):
             raise IndexError(f"batch {index} is out of range for {n} batches")
         return self.batches.batch_at(self._epoch, i % n + self._first_batch)
 
+    def on_epoch_begin(self) -> None:
+        """Keras begins training an epoch: the current one, from its position."""
+        self._running = True
+        if len(self) < self.batches.batches_per_epoch and self._quiet is None:
+            # Keras counted a whole epoch; the resumed one has fewer batches, by design
+            self._quiet = warnings.catch_warnings()
+            self._quiet.__enter__()
+            warnings.filterwarnings("ignore", message=_SHORT_EPOCH_WARNING)
+
     def on_epoch_end(self) -> None:
-        """Move on to the next epoch's order (``fit`` also calls this once before
-        its first epoch, which therefore reads order 1)."""
+        """Move on to the next epoch's order, at the end of an epoch (one that
+        Keras began, or a loop's own). Keras' call before ``fit``'s first
+        epoch, with no epoch begun, leaves the position as it is."""
+        if self._quiet is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
+        if not self._running and _keras_outside_an_epoch():
+            return
+        self._running = False
         self._epoch += 1
         self._first_batch = 0
 
@@ -164,7 +205,6 @@ class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
         self.dataset = dataset
         self._epoch_start: tuple[int, int] = dataset.position
         self._batches_done = 0  # in the current Keras epoch
-        self._quiet: warnings.catch_warnings[Any] | None = None
 
     def _load_model(self) -> None:
         super()._load_model()
@@ -172,10 +212,11 @@ class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
         saved = metadata.get(_POSITION_KEY) if metadata else None
         if saved is None:
             return
-        check_saved_for(saved, self.dataset.batches.identity(), SAVED_FOR_KEYS,
-                        what="Keras backup")
-        epoch, batch = int(saved["epoch"]), int(saved["batch"])
-        if batch >= self.dataset.batches_per_epoch:  # saved after its last batch
+        batches = self.dataset.batches
+        epoch = batches.restore_state({**saved, "stops": saved.get("stops") or []},
+                                      ADOPTING_KEYS, what="Keras backup")
+        batch = check_int("batch", saved.get("batch"), 0)
+        if batch >= batches.batches_in(epoch):  # saved after its last batch
             epoch, batch = epoch + 1, 0
             self.model._initial_epoch = (self.model._initial_epoch or 0) + 1
         self.dataset.seek(epoch, batch)
@@ -184,38 +225,22 @@ class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._current_epoch = epoch
         self._epoch_start = self.dataset.position
         self._batches_done = 0
-        if self._epoch_start[1] and self._quiet is None:
-            self._quiet = warnings.catch_warnings()
-            self._quiet.__enter__()
-            warnings.filterwarnings("ignore", message=_SHORT_EPOCH_WARNING)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batches_done = batch + 1
         super().on_train_batch_end(batch, logs)
 
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._quiet is not None:
-            self._quiet.__exit__(None, None, None)
-            self._quiet = None
-        super().on_epoch_end(epoch, logs)
-
     def _save_model(self) -> None:
         super()._save_model()
         epoch, first = self._epoch_start
         if self.dataset.position[0] != epoch:  # at an epoch's end: the next one, from 0
-            position = {"epoch": self.dataset.position[0], "batch": 0}
+            epoch, batch = self.dataset.position[0], 0
         else:
-            position = {"epoch": epoch, "batch": first + self._batches_done}
+            batch = first + self._batches_done
         metadata = self._read_metadata() or {}
-        metadata[_POSITION_KEY] = {**position, **self.dataset.batches.identity()}
+        metadata[_POSITION_KEY] = {**self.dataset.batches.state_at(epoch), "batch": batch}
         with fsspec.open(self._training_metadata_path, "w") as f:
             json.dump(metadata, f)
-
-    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._quiet is not None:
-            self._quiet.__exit__(None, None, None)
-            self._quiet = None
-        super().on_train_end(logs)
 
     def _read_metadata(self) -> dict[str, Any] | None:
         """Keras' training metadata (a JSON object), None if there is none."""
@@ -224,3 +249,15 @@ class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
             return None
         with fs.open(path, "r") as f:
             return dict(json.load(f))
+
+
+def _keras_outside_an_epoch() -> bool:
+    """Whether ``on_epoch_end`` was called by Keras' ``PyDataset`` adapter with
+    no epoch under way (its ``EpochIterator.reset()``, before ``fit``'s,
+    ``evaluate``'s or ``predict``'s first epoch): then no epoch ended."""
+    try:
+        from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+    except ImportError:  # pragma: no cover - another Keras layout: every call counts
+        return False
+    caller = sys._getframe(2).f_locals.get("self")
+    return isinstance(caller, PyDatasetAdapter) and not getattr(caller, "_within_epoch", True)

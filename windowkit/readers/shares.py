@@ -15,6 +15,7 @@ a shard one window long leaves its last one out (at most ``n - 1`` left out).
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,28 +165,56 @@ class EpochStop:
     windows: int
 
 
+#: stops a saved position may hold (each one a resume within one epoch)
+MAX_STOPS = 1024
+
+
+def checked_stops(stops: object, total: int) -> tuple[EpochStop, ...]:
+    """A saved position's stops (``[shards, windows]`` pairs, untrusted) over a
+    split of ``total`` windows, each number bounded; else one line."""
+    if not isinstance(stops, list | tuple) or len(stops) > MAX_STOPS:
+        raise InvalidSpecError(f"a saved position's stops are a list of at most {MAX_STOPS} "
+                               "[shards, windows] pairs")
+    checked = []
+    for stop in stops:
+        if not isinstance(stop, list | tuple) or len(stop) != 2:
+            raise InvalidSpecError("a saved position's stops are [shards, windows] pairs, "
+                                   f"got {stop!r:.60}")
+        shards, windows = stop
+        if (isinstance(shards, bool) or not isinstance(shards, numbers.Integral)
+                or not 1 <= int(shards) <= max(1, total)):
+            raise InvalidSpecError(f"a saved position's stop names {shards!r:.40} shards; a "
+                                   f"split of {total} windows has 1 to {max(1, total)}")
+        if (isinstance(windows, bool) or not isinstance(windows, numbers.Integral)
+                or not 0 <= int(windows) <= total):
+            raise InvalidSpecError(f"a saved position's stop names {windows!r:.40} windows "
+                                   f"read; a split of {total} windows has 0 to {total}")
+        checked.append(EpochStop(int(shards), int(windows)))
+    return tuple(checked)
+
+
 def windows_left(order: Callable[[np.ndarray], np.ndarray], total: int,
                  stops: list[EpochStop]) -> np.ndarray:
     """The index positions (ascending) of the windows an epoch has left after
     ``stops``: each stop's shards owned balanced, contiguous pieces of the
     windows then left, read in the epoch's order (``order(where)``: the index
     positions at epoch positions ``where``), and had read their first
-    ``windows`` each. Those of every shard together are left."""
+    ``windows`` each. Those of every shard together are left. Vectorized: no
+    Python loop over shards."""
     rank = np.empty(total, dtype=np.int64)  # each window's place in the epoch's order
     for first in range(0, total, SEQUENCE_CHUNK):
         where = np.arange(first, min(first + SEQUENCE_CHUNK, total), dtype=np.int64)
         rank[order(where)] = where
     left = np.arange(total, dtype=np.int64)
     for stop in stops:
-        kept = []
-        for index in range(stop.num_shards):
-            piece = ShardShare(index, stop.num_shards, len(left))
-            mine = left[piece.lo:piece.hi]
-            read = min(stop.windows, len(mine))
-            if read == 0:
-                kept.append(mine)
-            elif read < len(mine):  # the first `read` of its order are done
-                ranks = rank[mine]
-                kept.append(mine[ranks > np.partition(ranks, read - 1)[read - 1]])
-        left = np.sort(np.concatenate(kept)) if kept else np.zeros(0, dtype=np.int64)
+        if stop.windows == 0 or len(left) == 0:
+            continue
+        count = min(stop.num_shards, len(left))  # shards past the windows own none
+        q, r = divmod(len(left), stop.num_shards)
+        shards = np.arange(count + 1, dtype=np.int64)
+        bounds = shards * q + np.minimum(shards, r)  # each piece's first place in `left`
+        piece = np.repeat(np.arange(count, dtype=np.int64), np.diff(bounds))
+        by_piece = np.lexsort((rank[left], piece))  # each piece's windows in epoch order
+        read_here = np.arange(len(left), dtype=np.int64) - bounds[piece]  # place in piece
+        left = np.sort(left[by_piece[read_here >= stop.windows]])
     return left

@@ -35,7 +35,7 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
-from windowkit.readers.choice import shuffle_choice
+from windowkit.readers.choice import epoch_order, shuffle_choice
 from windowkit.readers.numpy_engine.fields import BatchFields
 from windowkit.readers.saved import saved_for
 from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter
@@ -102,7 +102,7 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
     (:mod:`windowkit.readers.tfdata_engine.epochs`)."""
     import tensorflow as tf
 
-    from windowkit.readers.tfdata_engine.epochs import EpochCounter, epoched
+    from windowkit.readers.tfdata_engine.epochs import EpochCounter, epoched, reader_guard
 
     fields = plan.store.fields(batch.return_series)
     choice = shuffle_choice(plan, order)
@@ -138,14 +138,17 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
 
     batches = num_batches(per_epoch, batch.batch_size, batch.drop_remainder)
 
+    saved = saved_for(plan, batch, order, epoch_order(plan, order, choice))
+    guard = reader_guard(saved)
+
     def build(counter: EpochCounter, epochs: int | None) -> tf.data.Dataset:
-        ds = counter.epochs(one_epoch, epochs)
+        ds = counter.epochs(one_epoch, epochs, guard)
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             tf.data.INFINITE_CARDINALITY if epochs is None else batches * epochs))
         ds = ds.prefetch(PREFETCH_BATCHES).with_options(checkpoint_options())
         return ds if device is None else prefetch_to_device(ds, device)
 
-    return epoched(build, EpochCounter(epoch), saved_for(plan, batch, order, choice.mode))
+    return epoched(build, EpochCounter(epoch), saved)
 
 
 def checkpoint_options() -> tf.data.Options:

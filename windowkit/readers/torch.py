@@ -46,7 +46,11 @@ import torch
 
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers.numpy_engine.batches import EpochBatches
-from windowkit.readers.saved import SAVED_FOR_KEYS, check_saved_for
+from windowkit.readers.saved import ADOPTING_KEYS, check_epoch
+
+#: what a torch state must match: not the rank (ranks step together, and
+#: trainers such as Lightning save one rank's loader state for all of them)
+_STATE_KEYS = tuple(key for key in ADOPTING_KEYS if key != "shard")
 
 
 def distributed_shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -112,9 +116,7 @@ class WindowTorchDataset(torch.utils.data.Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Follow epoch ``epoch``'s order from now on (as ``DistributedSampler.set_epoch``)."""
-        epoch = check_int("epoch", epoch, 0)
-        if epoch >= 2**62:
-            raise InvalidSpecError(f"epoch must be below 2**62, got {epoch}")
+        epoch = check_epoch(epoch)
         with self._lock:
             self._epoch_state[0] = epoch
             self._read.zero_()
@@ -201,19 +203,21 @@ class WindowTorchDataset(torch.utils.data.Dataset):
 
     # -- torchdata's Stateful protocol (StatefulDataLoader) ---------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The epoch, and what it was saved for (store, split, order, batches, ranks)."""
-        return {"epoch": self.epoch, **self.batches.identity()}
+        """The epoch (with the stops of a :meth:`resume` within it), its order,
+        and what it was saved for (store, split, seed, batches, ranks)."""
+        return self.batches.state_at(self.epoch)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Go on in the saved epoch (``StatefulDataLoader`` then skips the
-        batches already read); a state saved for another store, split, seed,
-        shuffle, batch size or rank count is one line (to resume on another
-        rank count, use :meth:`position_after` and :meth:`resume`)."""
+        """Go on in the saved epoch, in the saved order, resumed as it was
+        (``StatefulDataLoader`` then skips the batches already read). Any rank
+        takes any rank's state (ranks step together). A state saved for
+        another store, split, seed, shuffle, batch size or rank count is one
+        line (to resume on another rank count, use :meth:`position_after` and
+        :meth:`resume`)."""
         if not isinstance(state, dict) or "epoch" not in state:
             raise InvalidSpecError("not a windowkit torch dataset state: it has no 'epoch' "
                                    "(pass what state_dict() returned)")
-        check_saved_for(state, self.batches.identity(), SAVED_FOR_KEYS, what="state")
-        self.set_epoch(state["epoch"])
+        self.set_epoch(self.batches.restore_state(state, _STATE_KEYS, what="state"))
 
     def __repr__(self) -> str:
         plan = self.batches.plan
@@ -234,9 +238,19 @@ class WindowSampler(torch.utils.data.DistributedSampler):
                          shuffle=False, drop_last=False)
         self.windows = dataset
 
-    def __iter__(self) -> Any:
-        data = self.windows
-        return iter(range(data.rank, len(data), data.world_size))
+    def __iter__(self) -> RankItems:
+        return RankItems(self.windows)
+
+    # torchdata's Stateful protocol: StatefulDataLoader restores the sampler in
+    # the main process, where its workers' dataset states never arrive
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's state (:meth:`WindowTorchDataset.state_dict`)."""
+        return self.windows.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the dataset's state in this process too, so that this
+        sampler counts the restored epoch's batches."""
+        self.windows.load_state_dict(state)
 
     def __len__(self) -> int:
         return self.windows.batches_per_rank
@@ -244,3 +258,33 @@ class WindowSampler(torch.utils.data.DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
         self.windows.set_epoch(epoch)
+
+
+class RankItems:
+    """A rank's items of the current epoch, counted as they are asked for (so
+    an epoch restored after this iterator was made is the one counted); its
+    state is how many it gave, for ``StatefulDataLoader``."""
+
+    def __init__(self, dataset: WindowTorchDataset) -> None:
+        self.dataset = dataset
+        self.given = 0
+
+    def __iter__(self) -> RankItems:
+        return self
+
+    def __next__(self) -> int:
+        data = self.dataset
+        item = data.rank + self.given * data.world_size
+        if item >= len(data):
+            raise StopIteration
+        self.given += 1
+        return item
+
+    def state_dict(self) -> dict[str, int]:
+        return {"given": self.given}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise InvalidSpecError("not a windowkit sampler state: pass what state_dict() "
+                                   "returned")
+        self.given = check_int("given", state.get("given"), 0)

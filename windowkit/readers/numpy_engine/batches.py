@@ -33,13 +33,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import InvalidSpecError, check_int
-from windowkit.readers.choice import group_size, shuffle_choice
+from windowkit.readers.choice import epoch_order, shuffle_choice
 from windowkit.readers.numpy_engine.held import HeldRows, UniformOrder
 from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
 from windowkit.readers.numpy_engine.pool import WindowGather
 from windowkit.readers.options import BatchOptions, ShuffleOptions
-from windowkit.readers.saved import check_saved_for, saved_for
-from windowkit.readers.shares import EpochStop, ShardSequence, ShardShare, windows_left
+from windowkit.readers.saved import (
+    check_epoch,
+    check_order,
+    check_saved_for,
+    group_of,
+    saved_for,
+    saved_order,
+)
+from windowkit.readers.shares import (
+    EpochStop,
+    ShardSequence,
+    ShardShare,
+    checked_stops,
+    windows_left,
+)
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
@@ -50,8 +63,8 @@ Batch = Any  # x, (x, y), or with fields a dict x (windowkit.readers.numpy_engin
 # built per process, never pickled; "_held" is kept by forked workers (shared rows)
 _PROCESS_LOCAL = ("_lock", "_pid", "_local", "_checked_epoch", "_resumed_sequence")
 #: what a saved position must match to be resumed (the batch size may change:
-#: a position counts windows)
-_POSITION_KEYS = ("store_id", "split", "seed", "shuffle", "mode")
+#: a position counts windows; its order is adopted)
+_POSITION_KEYS = ("store_id", "split", "seed", "shuffle")
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,8 @@ class EpochBatches:
         self.batch, self.order = batch or BatchOptions(), order or ShuffleOptions()
         self.fields = plan.store.fields(self.batch.return_series)
         self.choice = shuffle_choice(plan, self.order)
+        #: the epoch order followed: this machine's choice, or one adopted from a saved state
+        self.epoch_order = epoch_order(plan, self.order, self.choice)
         if self.batch.normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self.windows_per_epoch = plan.windows_per_epoch(self.batch.drop_remainder)
@@ -116,8 +131,30 @@ class EpochBatches:
     @property
     def holds_rows(self) -> bool:
         """Whether batches come from the plan's rows held once (any uniform
-        shuffle: random access in NumPy is the fast way here)."""
-        return self.choice.uniform
+        shuffle, chosen here or adopted: random access in NumPy is the fast
+        way here)."""
+        return self.choice.uniform or self.epoch_order == "uniform"
+
+    def adopt_order(self, order: str) -> None:
+        """Follow the epoch order ``order`` (:func:`windowkit.readers.saved.order_name`)
+        from now on: the order a saved state was saved in, whatever this
+        machine's memory budget would choose. Batches are cut as before (from
+        held rows, or from the block cache, whose memory stays within the
+        budget whatever the group size); adopting a uniform order holds the
+        rows (spilled beyond the budget)."""
+        order = check_order(order)
+        if (order == "index") != (self.epoch_order == "index"):
+            raise InvalidSpecError(f"the saved order {order!r} and this reader's "
+                                   f"{self.epoch_order!r} differ in whether to shuffle: "
+                                   "build the reader as it was when it was saved")
+        if order == self.epoch_order:
+            return
+        self._this_process()
+        with self._lock:
+            self.epoch_order = order
+            self._local = None
+            self._resumed_sequence = None
+        self.hold()
 
     @property
     def batch_size(self) -> int:
@@ -161,17 +198,17 @@ class EpochBatches:
                 plan = self.plan
                 full: Callable[[int, np.ndarray], np.ndarray]
                 gather = None
-                if self.holds_rows:
+                if not self.holds_rows:
+                    gather = plan.store.window_gather(self.choice.cache_bytes)
+                if self.epoch_order == "uniform":
                     full = UniformOrder(plan.whole_split, seed=self.order.seed).full
                     ordered = False
                 else:
-                    gather = plan.store.window_gather(self.choice.cache_bytes)
                     order = WindowOrder(
-                        plan.whole_split, shuffle=self.choice.mode == "blocks",
+                        plan.whole_split, shuffle=self.epoch_order != "index",
                         seed=self.order.seed, block_rows=plan.layout.block_rows,
                         total_rows=plan.layout.total_rows,
-                        blocks_per_group=group_size(plan, self.order.shuffle_blocks,
-                                                    cache_bytes=self.choice.cache_bytes))
+                        blocks_per_group=group_of(self.epoch_order))
                     full = _EpochCache(order).positions
                     ordered = not order.sampler.shuffle
                 sequence = ShardSequence(plan.shard_share, full, ordered=ordered)
@@ -260,15 +297,12 @@ class EpochBatches:
             raise InvalidSpecError("not a windowkit position: pass what position_after() "
                                    "returned")
         check_saved_for(position, self.identity(), _POSITION_KEYS)
-        epoch = check_int("epoch", position["epoch"], 0)
-        try:
-            stops = tuple(EpochStop(check_int("shards", n, 1), check_int("windows", w, 0))
-                          for n, w in position["stops"])
-        except (TypeError, ValueError):
-            raise InvalidSpecError("a saved position's stops are [shards, windows] "
-                                   "pairs") from None
-        local, plan = self._process_local(), self.plan
+        epoch = check_epoch(position["epoch"])
+        plan = self.plan
         total, share = plan.whole_split.total, plan.shard_share
+        stops = checked_stops(position["stops"], total)
+        self.adopt_order(saved_order(position))
+        local = self._process_local()
         left = windows_left(lambda where: local.full(epoch, where), total, list(stops))
         if 0 < len(left) < share.count:
             raise InvalidSpecError(
@@ -288,9 +322,32 @@ class EpochBatches:
             self.hold()
         return epoch
 
+    def state_at(self, epoch: int) -> dict[str, Any]:
+        """What a framework's own checkpoint saves while epoch ``epoch`` is read
+        (it counts the batches done itself): the epoch, the stops of a resume
+        within it, the order and what the reader is for."""
+        resumed = self._resumed
+        stops = resumed.stops if resumed is not None and resumed.epoch == epoch else ()
+        return {"epoch": int(epoch), "stops": [[s.num_shards, s.windows] for s in stops],
+                **self.identity()}
+
+    def restore_state(self, state: object, keys: tuple[str, ...], *, what: str) -> int:
+        """Go on from a :meth:`state_at` (checked on ``keys``, the order adopted):
+        its epoch as it was, resumed part-way again if it was. Returns the epoch."""
+        check_saved_for(state, self.identity(), keys, what=what)
+        assert isinstance(state, dict)
+        epoch = check_epoch(state.get("epoch"))
+        stops = state.get("stops") or []
+        if stops:
+            return self.resume({**state, "epoch": epoch})
+        self.adopt_order(saved_order(state, what=what))
+        self._resumed = None
+        return epoch
+
     def identity(self) -> dict[str, Any]:
         """What a saved position of this reader is for."""
-        return saved_for(self.plan, self.batch, self.order, self.choice.mode)
+        return saved_for(self.plan, self.batch, self.order, self.epoch_order)
+
 
 
 class _EpochCache:

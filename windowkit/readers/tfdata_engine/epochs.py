@@ -25,14 +25,15 @@ dataset's ``epoch_callback()``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
-from windowkit.errors import check_int
-from windowkit.readers.saved import SAVED_FOR_KEYS, check_saved_for
+from windowkit.errors import InvalidSpecError
+from windowkit.readers.saved import GRAPH_KEYS, check_epoch, check_saved_for
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -48,7 +49,7 @@ class EpochCounter:
     def __init__(self, first: int = 0) -> None:
         import tensorflow as tf
 
-        self.next = check_int("epoch", first, 0)
+        self.next = check_epoch(first)
         with tf.init_scope():
             self.table = tf.lookup.experimental.MutableHashTable(
                 tf.int64, tf.int64, default_value=self.next, name="windowkit_epoch")
@@ -63,7 +64,7 @@ class EpochCounter:
         """Iterations read ``epoch`` from now on; the next iterator takes the one after."""
         import tensorflow as tf
 
-        epoch = check_int("epoch", epoch, 0)
+        epoch = check_epoch(epoch)
         with tf.init_scope():
             self.table.insert(tf.constant([0], tf.int64), tf.constant([epoch], tf.int64))
         self.next = epoch + 1
@@ -77,18 +78,56 @@ class EpochCounter:
         return epoch
 
     def epochs(self, make_epoch: Callable[[tf.Tensor], tf.data.Dataset],
-               count: int | None = 1) -> tf.data.Dataset:
+               count: int | None = 1, guard: int = 0) -> tf.data.Dataset:
         """One iteration of the returned dataset: ``make_epoch(e)`` of the
         current epoch ``e``, then of ``e + 1``, ... ``count`` epochs in all
-        (``None``: without end)."""
+        (``None``: without end).
+
+        The epochs travel as numbers of a ``range`` (``guard``, 30 bits naming
+        the reader, above the epoch's 32), numbered, the first one (``e - 1``,
+        number 0) reading nothing: once a range has given a number, a
+        checkpoint holds its position as that number itself, so an iterator
+        restored behind any transform reads the saved epoch (the table is
+        read only when an iteration starts afresh), and an epoch whose guard
+        is not this reader's is one line."""
         import tensorflow as tf
 
+        base = guard << _EPOCH_BITS
         start = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
         first = start.map(lambda _: self.current())
-        if count == 1:
-            return first.flat_map(make_epoch)
-        steps = tf.data.Dataset.counter() if count is None else tf.data.Dataset.range(count)
-        return first.flat_map(lambda e: steps.map(lambda k: e + k)).flat_map(make_epoch)
+        take = -1 if count is None else count + 1
+
+        def numbers(e: tf.Tensor) -> tf.data.Dataset:
+            # one end for every guard: a restored position past it would end the epochs
+            return tf.data.Dataset.range(base + e - 1, _NUMBERS_END).take(take).enumerate()
+
+        def epoch_of(index: tf.Tensor, number: tf.Tensor) -> tf.data.Dataset:
+            # in the graph (no Python): the first number reads nothing; the others
+            # carry this reader's guard, else the checkpoint was another reader's
+            first_one = tf.equal(index, 0)
+            ours = tf.equal(tf.bitwise.right_shift(number, _EPOCH_BITS), guard)
+            check = tf.debugging.Assert(tf.logical_or(first_one, ours), [_OTHER_READER])
+            with tf.control_dependencies([check]):
+                epoch = tf.where(first_one, tf.constant(0, tf.int64),
+                                 tf.bitwise.bitwise_and(number, 2**_EPOCH_BITS - 1))
+            return make_epoch(epoch).take(tf.where(first_one, tf.constant(0, tf.int64), -1))
+
+        return first.flat_map(numbers).flat_map(epoch_of)
+
+
+_EPOCH_BITS = 32
+_NUMBERS_END = 2**62  # above every guard's numbers
+#: what restoring another reader's iterator checkpoint says (carried by TensorFlow's error)
+_OTHER_READER = (f"{InvalidSpecError.__module__}.{InvalidSpecError.__name__}: the iterator "
+                 "checkpoint restored here was saved by a windowkit reader built otherwise "
+                 "(store, split, seed, order, batch size or shards): build the reader as it "
+                 "was when it was saved")
+
+
+def reader_guard(saved_for: dict[str, Any]) -> int:
+    """30 bits naming what a reader is for (:func:`windowkit.readers.saved.saved_for`)."""
+    text = json.dumps({key: saved_for[key] for key in GRAPH_KEYS}, sort_keys=True).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=4).digest(), "big") >> 2
 
 
 Build = Callable[[EpochCounter, "int | None"], "tf.data.Dataset"]  # (counter, epochs) -> dataset
@@ -122,7 +161,7 @@ class EpochIterator(iterator_ops.OwnedIterator):
         restored = dict(restored_tensors)
         saved_for = restored.pop(_SAVED_FOR_KEY, None)
         if saved_for is not None:
-            check_saved_for(json.loads(saved_for.numpy()), self._saved_for, SAVED_FOR_KEYS,
+            check_saved_for(json.loads(saved_for.numpy()), self._saved_for, GRAPH_KEYS,
                             what="iterator checkpoint")
         epoch = restored.pop(_EPOCH_KEY, None)
         if epoch is not None:

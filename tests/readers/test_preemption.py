@@ -1,0 +1,267 @@
+"""Resuming after preemption, one regression test per way a resumed run used to
+lose or double windows silently.
+
+Every window is told apart by its first value (``numbered_series``), so a
+batch is a list of window ids; an epoch's ids are compared with the
+uninterrupted run's, batch for batch where nothing about the reader changed,
+as a multiset where the machine did (another memory budget).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import windowkit as wk
+from tests.helpers import numbered_series
+from windowkit.errors import InvalidSpecError, carried_error
+
+torch = pytest.importorskip("torch")
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+SPEC = wk.WindowSpec(6, stride=1)
+LENGTHS = [900, 700, 450, 260]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> wk.Store:
+    path = tmp_path_factory.mktemp("preempt") / "store"
+    return wk.convert(numbered_series(LENGTHS, features=2), path, format="zarr",
+                      window=SPEC, block_rows=32)
+
+
+def ids(batch: Any) -> list[int]:
+    """The windows of a batch (NumPy, torch or tf), by their first value."""
+    x = batch[0] if isinstance(batch, tuple) else batch
+    x = x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+    return [int(v) for v in x[:, 0, 0]]
+
+
+def epoch_batches(store: wk.Store, epoch: int, **options: Any) -> list[list[int]]:
+    """Epoch ``epoch`` of an uninterrupted Keras-order reader, batch by batch."""
+    ds = store.keras_dataset("train", 16, seed=3, **options)
+    return [ids(ds.batches.batch_at(epoch, i)) for i in range(ds.batches.batches_in(epoch))]
+
+
+# -- Keras fit after seek/resume trains the rest of that epoch, then whole epochs --------------
+class Recording(keras.Model):
+    """A model whose training steps record the windows they were given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+        self.seen: list[list[int]] = []
+
+    def call(self, x: Any) -> Any:
+        return self.dense(keras.ops.reshape(x, (-1, SPEC.length * 2)))
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        self.seen.append(ids(data))
+        return {"loss": keras.ops.convert_to_tensor(0.0)}
+
+
+def fit_windows(ds: Any, epochs: int, callbacks: list[Any] | None = None) -> list[list[int]]:
+    model = Recording()
+    model.compile("sgd", "mse", run_eagerly=True)
+    model.fit(ds, epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks or [])
+    return model.seen
+
+
+def test_keras_fit_trains_epoch_0_first(store: wk.Store) -> None:
+    seen = fit_windows(store.keras_dataset("train", 16, seed=3), epochs=2)
+    assert seen == epoch_batches(store, 0) + epoch_batches(store, 1)
+
+
+@pytest.mark.parametrize("how", ["seek", "resume"])
+def test_keras_fit_after_a_resume_trains_the_rest_of_that_epoch_then_whole_ones(
+        store: wk.Store, how: str) -> None:
+    ds = store.keras_dataset("train", 16, seed=3)
+    if how == "seek":
+        ds.seek(1, 5)
+    else:
+        ds.resume(json.loads(json.dumps(store.keras_dataset("train", 16, seed=3)
+                                        .batches.position_after(1, 5))))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = fit_windows(ds, epochs=2)
+    assert seen == epoch_batches(store, 1)[5:] + epoch_batches(store, 2)
+    assert not [w for w in caught if "ran out of data" in str(w.message)]  # by design
+
+
+# -- another memory budget: the saved order goes on -------------------------------------------
+BUDGETS = (6_000, 24_000)  # bytes: block groups of different sizes, both below the split
+
+
+def test_the_budgets_here_choose_different_orders(store: wk.Store) -> None:
+    orders = {store.keras_dataset("train", 16, memory_budget=b).batches.epoch_order
+              for b in BUDGETS}
+    assert len(orders) == 2 and all(o.startswith("blocks:") for o in orders), orders
+
+
+def test_a_position_resumed_under_another_budget_goes_on_in_the_saved_order(
+        store: wk.Store) -> None:
+    saved = store.keras_dataset("train", 16, seed=3, memory_budget=BUDGETS[0])
+    whole = [ids(saved.batches.batch_at(1, i)) for i in range(saved.batches.batches_in(1))]
+    saved.seek(1, 7)
+    position = json.loads(json.dumps(saved.position_after(7)))
+    other = store.keras_dataset("train", 16, seed=3, memory_budget=BUDGETS[1])
+    other.resume(position)
+    assert other.batches.epoch_order == saved.batches.epoch_order
+    rest = [ids(other[i]) for i in range(len(other))]
+    assert rest == whole[7:]  # batch for batch: the order travelled with the position
+    other.on_epoch_end()
+    assert [ids(other[i]) for i in range(len(other))] == [
+        ids(saved.batches.batch_at(2, i)) for i in range(saved.batches.batches_in(2))]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_torch_state_loaded_under_another_budget_goes_on_in_the_saved_order(
+        store: wk.Store, workers: int) -> None:
+    def loader(budget: int) -> Any:
+        ds = store.torch_dataset("train", 16, seed=3, memory_budget=budget)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=workers,
+                                  sampler=ds.sampler())
+
+    first = loader(BUDGETS[0])
+    whole = [ids(b) for b in first]  # epoch 0, then the loader reads epoch 1
+    it = iter(first)
+    done = [ids(next(it)) for _ in range(6)]
+    state = first.state_dict()
+    del it
+    second = loader(BUDGETS[1])
+    second.load_state_dict(state)
+    rest = [ids(b) for b in second]
+    assert whole == _epoch_of(store, 0, BUDGETS[0])
+    assert done + rest == _epoch_of(store, 1, BUDGETS[0])  # batch for batch
+
+
+def _epoch_of(store: wk.Store, epoch: int, budget: int) -> list[list[int]]:
+    ds = store.torch_dataset("train", 16, seed=3, memory_budget=budget)
+    return [ids(ds.batches.batch_at(epoch, i)) for i in range(ds.batches.batches_in(epoch))]
+
+
+# -- a torch state inside an epoch that was itself resumed ------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_torch_state_inside_a_resumed_epoch_keeps_the_resume(store: wk.Store,
+                                                                 workers: int) -> None:
+    two = [store.torch_dataset("train", 16, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    position = two[0].position_after(4)  # both ranks read 4 batches of epoch 0
+    read_before = {w for ds in two for i in range(4) for w in ids(ds.batches.batch_at(0, i))}
+
+    ds = store.torch_dataset("train", 16, seed=3)
+    ds.resume(position)
+    resumed = StatefulDataLoader(ds, batch_size=None, num_workers=workers, sampler=ds.sampler())
+    it = iter(resumed)
+    done = [w for _ in range(3) for w in ids(next(it))]
+    state = json.loads(json.dumps(resumed.state_dict(), default=int))
+    del it
+    fresh = store.torch_dataset("train", 16, seed=3)  # a new process's dataset
+    again = StatefulDataLoader(fresh, batch_size=None, num_workers=workers,
+                               sampler=fresh.sampler())
+    again.load_state_dict(state)
+    rest = [w for b in again for w in ids(b)]
+    epoch = sorted(read_before) + sorted(done + rest)
+    assert sorted(epoch) == sorted(w for b in _epoch_of(store, 0, 1 << 30) for w in b)
+    assert len(set(done + rest)) == len(done + rest)  # nothing twice
+
+
+# -- a tf.train.Checkpoint behind transforms ----------------------------------------------------
+def _pipeline(store: wk.Store, seed: int) -> Any:
+    ds = store.tf_dataset("train", 16, seed=seed)
+    ds.set_epoch(2)
+    return ds, ds.map(lambda x: x * 1).prefetch(2).take(1000)
+
+
+def test_a_tf_checkpoint_behind_transforms_restores_its_epoch_exactly(
+        store: wk.Store, tmp_path: Path) -> None:
+    _, piped = _pipeline(store, 3)
+    it = iter(piped)
+    done = [ids(next(it)) for _ in range(5)]
+    path = tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
+    rest = [ids(b) for b in it]
+    assert done + rest == epoch_batches(store, 2)[:len(done + rest)]
+    fresh = store.tf_dataset("train", 16, seed=3)  # a new process: its epoch counter at 0
+    again = iter(fresh.map(lambda x: x * 1).prefetch(2).take(1000))
+    tf.train.Checkpoint(iterator=again).read(path)
+    assert [ids(b) for b in again] == rest
+
+
+def test_a_tf_checkpoint_behind_transforms_into_another_seed_is_one_line(
+        store: wk.Store, tmp_path: Path) -> None:
+    _, piped = _pipeline(store, 1)
+    it = iter(piped)
+    next(it)
+    path = tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
+    _, other = _pipeline(store, 2)
+    again = iter(other)
+    with pytest.raises(Exception) as caught:
+        tf.train.Checkpoint(iterator=again).read(path)
+        next(again)
+    error = carried_error(caught.value)
+    assert isinstance(error, InvalidSpecError), str(caught.value)[-500:]
+    assert "\n" not in str(error) and "built otherwise" in str(error)
+
+
+# -- Lightning saves rank 0's loader state for every rank ---------------------------------------
+def test_rank_0s_torch_state_resumes_every_rank_exactly(store: wk.Store) -> None:
+    def loader(rank: int) -> Any:
+        ds = store.torch_dataset("train", 16, seed=3, rank=rank, world_size=2)
+        return StatefulDataLoader(ds, batch_size=None, sampler=ds.sampler())
+
+    whole = {r: [ids(b) for b in loader(r)] for r in (0, 1)}
+    rank0 = loader(0)
+    it = iter(rank0)
+    for _ in range(5):
+        next(it)
+    state = rank0.state_dict()
+    for rank in (0, 1):
+        resumed = loader(rank)
+        resumed.load_state_dict(state)
+        assert [ids(b) for b in resumed] == whole[rank][5:]
+
+
+# -- tampered positions -------------------------------------------------------------------------
+@pytest.mark.parametrize("change", [
+    {"stops": [[10**9, 5]]}, {"stops": [[2, 10**12]]}, {"stops": [[1, 1]] * 5000},
+    {"stops": [["2", 1]]}, {"stops": [[True, 1]]}, {"stops": "x"}, {"epoch": 2**64},
+    {"epoch": -1}, {"epoch": 1.5}, {"order": "blocks:0"}, {"order": "random"},
+])
+def test_a_tampered_position_is_one_line_within_a_second(store: wk.Store,
+                                                          change: dict[str, Any]) -> None:
+    ds = store.keras_dataset("train", 16, seed=3)
+    position = {**ds.position_after(2), **change}
+    began = time.monotonic()
+    with pytest.raises(InvalidSpecError) as caught:
+        store.keras_dataset("train", 16, seed=3).resume(position)
+    assert time.monotonic() - began < 1.0
+    assert "\n" not in str(caught.value)
+    with pytest.raises(InvalidSpecError):
+        store.torch_dataset("train", 16, seed=3).load_state_dict(
+            {**store.torch_dataset("train", 16, seed=3).state_dict(), **change,
+             "stops": change.get("stops", [[1, 16]])})
+
+
+def test_a_tf_checkpoint_restores_exactly_behind_repeat(store: wk.Store,
+                                                         tmp_path: Path) -> None:
+    def iterator() -> Any:
+        ds = store.tf_dataset("train", 16, seed=3)
+        ds.set_epoch(1)
+        return iter(ds.repeat().map(lambda x: x * 1).prefetch(2))
+
+    per_epoch = len(epoch_batches(store, 1))
+    it = iterator()
+    for _ in range(per_epoch - 3):  # into the last batches of epoch 1
+        next(it)
+    path = tf.train.Checkpoint(iterator=it).write(str(tmp_path / "ckpt"))
+    again = iterator()
+    tf.train.Checkpoint(iterator=again).read(path)
+    rest = [ids(next(again)) for _ in range(5)]
+    assert rest == epoch_batches(store, 1)[-3:] + epoch_batches(store, 2)[:2]
