@@ -27,6 +27,7 @@ EPOCHS, BATCH, SEED = 3, 16, 11
 
 
 def ids(x: Any) -> list[int]:
+    """The windows of a batch (NumPy, torch or tf; ``x`` or ``(x, y)``), by their first value."""
     x = x[0] if isinstance(x, tuple | list) else x
     x = x.numpy() if hasattr(x, "numpy") else np.asarray(x)
     return [int(v) for v in x[:, 0, 0]]

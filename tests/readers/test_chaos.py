@@ -22,7 +22,7 @@ import pytest
 
 import windowkit as wk
 from tests.helpers import numbered_series
-from tests.readers.chaos_train import BATCH, EPOCHS, SEED
+from tests.readers.chaos_train import BATCH, EPOCHS, SEED, ids
 
 pytest.importorskip("torch")
 pytest.importorskip("grain")
@@ -41,7 +41,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> wk.Store:
 
 def uninterrupted(store: wk.Store, budget: int) -> list[list[object]]:
     ds = store.keras_dataset("train", BATCH, seed=SEED, memory_budget=budget or None)
-    return [[epoch, [int(v) for v in ds.batches.batch_at(epoch, i)[:, 0, 0]]]
+    return [[epoch, ids(ds.batches.batch_at(epoch, i))]
             for epoch in range(EPOCHS) for i in range(ds.batches.batches_in(epoch))]
 
 

@@ -19,9 +19,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given
+from hypothesis import strategies as st
 
 import windowkit as wk
+import windowkit.readers.shares as wk_shares
 from tests.helpers import numbered_series
+from tests.readers.chaos_train import ids
 from windowkit.errors import InvalidSpecError, carried_error
 
 torch = pytest.importorskip("torch")
@@ -36,13 +40,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> wk.Store:
     path = tmp_path_factory.mktemp("preempt") / "store"
     return wk.convert(numbered_series(LENGTHS, features=2), path, format="zarr",
                       window=SPEC, block_rows=32)
-
-
-def ids(batch: Any) -> list[int]:
-    """The windows of a batch (NumPy, torch or tf), by their first value."""
-    x = batch[0] if isinstance(batch, tuple) else batch
-    x = x.numpy() if hasattr(x, "numpy") else np.asarray(x)
-    return [int(v) for v in x[:, 0, 0]]
 
 
 def epoch_batches(store: wk.Store, epoch: int, **options: Any) -> list[list[int]]:
@@ -265,3 +262,28 @@ def test_a_tf_checkpoint_restores_exactly_behind_repeat(store: wk.Store,
     tf.train.Checkpoint(iterator=again).read(path)
     rest = [ids(next(again)) for _ in range(5)]
     assert rest == epoch_batches(store, 1)[-3:] + epoch_batches(store, 2)[:2]
+
+
+def _left_by_loop(order: np.ndarray, stops: list[tuple[int, int]]) -> np.ndarray:
+    """The windows an epoch has left, shard by shard in Python (the oracle)."""
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    left = np.arange(len(order))
+    for shards, read in stops:
+        kept: list[int] = []
+        for index in range(shards):
+            piece = wk_shares.ShardShare(index, shards, len(left))
+            mine = sorted(left[piece.lo:piece.hi], key=lambda w: rank[w])
+            kept += mine[read:]
+        left = np.array(sorted(kept), dtype=np.int64)
+    return left
+
+
+@given(total=st.integers(1, 300), seed=st.integers(0, 2**32 - 1),
+       stops=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 40)), max_size=4))
+def test_windows_left_equals_a_shard_by_shard_loop(total: int, seed: int,
+                                                   stops: list[tuple[int, int]]) -> None:
+    order = np.random.default_rng(seed).permutation(total)
+    got = wk_shares.windows_left(lambda where: order[where], total,
+                                 [wk_shares.EpochStop(*stop) for stop in stops])
+    np.testing.assert_array_equal(got, _left_by_loop(order, stops))

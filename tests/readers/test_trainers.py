@@ -218,3 +218,76 @@ def test_lightning_ddp_resumes_mid_epoch_from_its_checkpoint(tmp_path: Path) -> 
         assert 0 < 12 - steps_per_epoch < steps_per_epoch  # the checkpoint is inside epoch 1
         Path(f"{out}.{rank}").write_text(json.dumps({"rank": rank, "seen": seen}))
     _check(series, [Path(f"{out}.0"), Path(f"{out}.1")])
+
+
+_ACCELERATE_PREEMPTED = textwrap.dedent("""
+    import json, os, sys
+    from pathlib import Path
+    import torch
+    import windowkit as wk
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    store_path, out, ckpt, kill_at = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=True))
+    ds = wk.open_store(store_path).torch_dataset("train", 16, seed=5)
+    loader = torch.utils.data.DataLoader(ds, batch_size=1, collate_fn=ds.collate)
+    model = torch.nn.Linear(15, 6)
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
+    epoch, step = 0, 0
+    if (ckpt / "where.json").exists():  # preempted: the trainer's own checkpoint
+        accelerator.load_state(str(ckpt))
+        epoch, step = json.loads((ckpt / "where.json").read_text())
+    else:
+        ds.set_epoch(0)
+    while epoch < EPOCHS:
+        for x, y in loader:
+            if step == kill_at:
+                os._exit(9)
+            loss = torch.nn.functional.mse_loss(model(x.flatten(1)), y.flatten(1))
+            accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
+            with open(f"{out}.{accelerator.process_index}", "a") as f:
+                f.write(json.dumps([epoch, step, x.flatten(1).numpy().tolist()]) + "\\n")
+            step += 1
+            if step == SAVE:
+                accelerator.save_state(str(ckpt))
+                accelerator.wait_for_everyone()
+                if accelerator.is_main_process:
+                    (ckpt / "where.json").write_text(json.dumps([epoch, step]))
+                accelerator.wait_for_everyone()
+        epoch += 1
+        ds.set_epoch(epoch)
+""").replace("EPOCHS", str(EPOCHS)).replace("SAVE", "12")
+
+
+def test_accelerate_save_state_resumes_mid_epoch(tmp_path: Path) -> None:
+    """Accelerate's stateful loader saved with ``save_state`` at step 12 (inside
+    epoch 1), killed two steps later, resumed with ``load_state``: per epoch,
+    every window once between the ranks."""
+    store, series = _store(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(_ACCELERATE_PREEMPTED)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    for run, kill_at in enumerate((14, -1)):
+        port = str(29_500 + (os.getpid() + 11 * run) % 300)
+        procs = []
+        for rank in range(2):
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
+                   "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+            procs.append(subprocess.Popen([sys.executable, str(script), str(store.path),
+                                           f"{out}{run}", str(ckpt), str(kill_at)], env=env,
+                                          stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == (9 if run == 0 else 0), err[-3000:]
+    for rank in (0, 1):
+        first = [json.loads(line) for line in Path(f"{out}0.{rank}").read_text().splitlines()]
+        second = [json.loads(line) for line in Path(f"{out}1.{rank}").read_text().splitlines()]
+        assert min(step for _, step, _ in second) == 12
+        seen = [(e, b) for e, s, b in first if s < 12] + [(e, b) for e, _, b in second]
+        assert sum(1 for e, _ in seen if e == 0) < 12  # the save is inside epoch 1
+        Path(f"{out}.{rank}").write_text(json.dumps({"rank": rank, "seen": seen}))
+    _check(series, [Path(f"{out}.0"), Path(f"{out}.1")])

@@ -213,8 +213,7 @@ class WindowBackupAndRestore(keras.callbacks.BackupAndRestore):
         if saved is None:
             return
         batches = self.dataset.batches
-        epoch = batches.restore_state({**saved, "stops": saved.get("stops") or []},
-                                      ADOPTING_KEYS, what="Keras backup")
+        epoch = batches.restore_state(saved, ADOPTING_KEYS, what="Keras backup")
         batch = check_int("batch", saved.get("batch"), 0)
         if batch >= batches.batches_in(epoch):  # saved after its last batch
             epoch, batch = epoch + 1, 0

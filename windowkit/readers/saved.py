@@ -91,6 +91,9 @@ def saved_order(saved: dict[str, Any], *, what: str = "position") -> str:
     return check_order(saved["order"], what=what)
 
 
+_MISSING = object()
+
+
 def check_saved_for(saved: object, reader: dict[str, Any], keys: tuple[str, ...], *,
                     what: str = "position") -> None:
     """One line, naming the first of ``keys`` where the ``saved`` position's
@@ -107,9 +110,6 @@ def check_saved_for(saved: object, reader: dict[str, Any], keys: tuple[str, ...]
             raise InvalidSpecError(
                 f"the saved {what} is for {key}={value!r}, this reader has "
                 f"{key}={reader[key]!r}: {_rebuild_hint(key, value)}")
-
-
-_MISSING = object()
 
 
 def _rebuild_hint(key: str, value: object) -> str:

@@ -180,17 +180,18 @@ def checked_stops(stops: object, total: int) -> tuple[EpochStop, ...]:
         if not isinstance(stop, list | tuple) or len(stop) != 2:
             raise InvalidSpecError("a saved position's stops are [shards, windows] pairs, "
                                    f"got {stop!r:.60}")
-        shards, windows = stop
-        if (isinstance(shards, bool) or not isinstance(shards, numbers.Integral)
-                or not 1 <= int(shards) <= max(1, total)):
-            raise InvalidSpecError(f"a saved position's stop names {shards!r:.40} shards; a "
-                                   f"split of {total} windows has 1 to {max(1, total)}")
-        if (isinstance(windows, bool) or not isinstance(windows, numbers.Integral)
-                or not 0 <= int(windows) <= total):
-            raise InvalidSpecError(f"a saved position's stop names {windows!r:.40} windows "
-                                   f"read; a split of {total} windows has 0 to {total}")
-        checked.append(EpochStop(int(shards), int(windows)))
+        checked.append(EpochStop(_bounded("shards", stop[0], 1, max(1, total), total),
+                                 _bounded("windows read", stop[1], 0, total, total)))
     return tuple(checked)
+
+
+def _bounded(what: str, value: object, low: int, high: int, total: int) -> int:
+    """A stop's ``value`` if it is an integer in ``[low, high]``, else one line."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            or not low <= int(value) <= high):
+        raise InvalidSpecError(f"a saved position's stop names {value!r:.40} {what}; a split "
+                               f"of {total} windows has {low} to {high}")
+    return int(value)
 
 
 def windows_left(order: Callable[[np.ndarray], np.ndarray], total: int,

@@ -281,12 +281,10 @@ class EpochBatches:
         """Where epoch ``epoch`` stands once every shard has read ``batches``
         batches of it: a small JSON-able dict, for :meth:`resume` on any
         number of shards (and any batch size)."""
-        stops = list(self._resumed.stops) if (self._resumed is not None
-                                             and self._resumed.epoch == epoch) else []
         read = min(check_int("batches", batches, 0) * self.batch_size, self.windows_in(epoch))
-        stops.append(EpochStop(self.plan.shard_share.count, read))
-        return {"epoch": int(epoch), "stops": [[s.num_shards, s.windows] for s in stops],
-                **self.identity()}
+        position = self.state_at(epoch)
+        position["stops"].append([self.plan.shard_share.count, read])
+        return position
 
     def resume(self, position: dict[str, Any]) -> int:
         """Go on from a saved :meth:`position_after` (saved with any number of
