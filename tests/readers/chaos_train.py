@@ -1,13 +1,15 @@
 """A small training run that a chaos test kills with SIGKILL and starts again.
 
-``python -m tests.readers.chaos_train TRAINER STORE WORK KILL_AT BUDGET``:
+``python -m tests.readers.chaos_train TRAINER STORE WORK KILL_AT BUDGET [RANKS]``:
 trains 3 epochs of ``STORE``'s train split with ``TRAINER`` (``keras``,
-``torch``, ``tf``, ``grain``), checkpointing after every step through the
-trainer's own checkpoint, together with the windows each committed step
-trained (one atomic file, so what is recorded is what the checkpoint holds).
-At global step ``KILL_AT`` (-1: never) it sends itself SIGKILL, before the
-step. Started again, it resumes from its last checkpoint with a reader
-whose ``memory_budget`` is ``BUDGET`` bytes (0: the default).
+``torch``, ``tf``, ``grain``, ``torch-ranks``), checkpointing after every
+step through the trainer's own checkpoint, together with the windows each
+committed step trained (one atomic file, so what is recorded is what the
+checkpoint holds). At global step ``KILL_AT`` (-1: never) it sends itself
+SIGKILL, before the step. Started again, it resumes from its last checkpoint
+with a reader whose ``memory_budget`` is ``BUDGET`` bytes (0: the default);
+``torch-ranks`` runs ``RANKS`` ranks stepping together, resumed from rank
+0's state as Lightning does.
 """
 
 from __future__ import annotations
@@ -152,9 +154,44 @@ def train_grain(store: wk.Store, work: Path, kill_at: int, budget: int | None) -
         record.commit(done // src.batches_per_epoch, x)
 
 
+def train_torch_ranks(store: wk.Store, work: Path, kill_at: int, budget: int | None,
+                      ranks: int) -> None:
+    """``ranks`` ranks in one process, stepping together (each its own
+    loader); a step commits every rank's windows; rank 0's loader state is
+    the checkpoint every rank restores (Lightning's way)."""
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    datasets = [store.torch_dataset("train", BATCH, seed=SEED, memory_budget=budget, rank=r,
+                                    world_size=ranks) for r in range(ranks)]
+    loaders = [StatefulDataLoader(ds, batch_size=None, sampler=ds.sampler()) for ds in datasets]
+    record, ckpt = Record(work), work / "torch.pt"
+    saved = torch.load(ckpt, weights_only=False) if ckpt.exists() else {"epoch": 0}
+    epoch = saved["epoch"]
+    for loader in loaders:
+        if saved.get("loader") is not None:
+            loader.load_state_dict(saved["loader"])
+        else:
+            loader.sampler.set_epoch(epoch)
+    while epoch < EPOCHS:
+        for batches in zip(*loaders, strict=True):
+            maybe_die(len(record.seen), kill_at)
+            torch.save({"epoch": epoch, "loader": loaders[0].state_dict()}, work / "tmp.pt")
+            os.replace(work / "tmp.pt", ckpt)
+            record.commit(epoch, torch.cat(batches))
+        epoch += 1
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)
+        torch.save({"epoch": epoch, "loader": None}, work / "tmp.pt")
+        os.replace(work / "tmp.pt", ckpt)
+
+
 TRAINERS = {"torch": train_torch, "keras": train_keras, "tf": train_tf, "grain": train_grain}
 
 if __name__ == "__main__":
     trainer, store_path, work_dir, kill, budget_bytes = sys.argv[1:6]
-    TRAINERS[trainer](wk.open_store(store_path), Path(work_dir), int(kill),
-                      int(budget_bytes) or None)
+    store_, work_, budget_ = wk.open_store(store_path), Path(work_dir), int(budget_bytes) or None
+    if trainer == "torch-ranks":
+        train_torch_ranks(store_, work_, int(kill), budget_, int(sys.argv[6]))
+    else:
+        TRAINERS[trainer](store_, work_, int(kill), budget_)

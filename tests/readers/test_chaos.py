@@ -6,8 +6,11 @@ again from its last checkpoint each time; the Keras and torch runs come back
 with another ``memory_budget`` each time (another epoch order, had it not
 travelled with the checkpoint). The steps each run committed, together, are
 batch for batch the uninterrupted run's, so each epoch trains every window
-exactly once. (Lightning DDP, killed mid-epoch and resumed from its
-checkpoint: ``test_trainers.py``.) ``make test-slow`` runs it with 10 kills."""
+exactly once. Ranks stepping together, resumed from rank 0's torch state
+on 2 and 1 ranks in turn, train every window of each epoch once (a padded
+rank's repeats aside). (Lightning DDP, killed mid-epoch and resumed from its
+checkpoint on 2 and on 1 ranks: ``test_trainers.py``.) ``make test-slow``
+runs it with 10 kills."""
 
 from __future__ import annotations
 
@@ -46,8 +49,11 @@ def uninterrupted(store: wk.Store, budget: int) -> list[list[object]]:
 
 
 def chaos(trainer: str, store: wk.Store, work: Path, kills: int, seed: int) -> list[object]:
-    """Runs ``trainer`` until it finishes, killed at ``kills`` random steps."""
+    """Runs ``trainer`` until it finishes, killed at ``kills`` random steps
+    (``torch-ranks``: on 2 ranks, then 1, in turn)."""
     steps = len(uninterrupted(store, BUDGETS[0]))
+    if trainer == "torch-ranks":
+        steps //= 2  # each run on 2 ranks or 1: at least half the steps of one
     at = sorted(np.random.default_rng(seed).choice(np.arange(1, steps - 1), kills,
                                                    replace=False).tolist())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
@@ -56,7 +62,7 @@ def chaos(trainer: str, store: wk.Store, work: Path, kills: int, seed: int) -> l
         budget = BUDGETS[run % len(BUDGETS)] if trainer in ADOPTING else BUDGETS[0]
         proc = subprocess.run(
             [sys.executable, "-m", "tests.readers.chaos_train", trainer, str(store.path),
-             str(work), str(kill_at), str(budget)],
+             str(work), str(kill_at), str(budget), str(2 - run % 2)],
             env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
         want = -9 if kill_at >= 0 else 0
         assert proc.returncode == want, (trainer, run, kill_at, proc.stderr[-3000:])
@@ -68,6 +74,17 @@ def test_killed_three_times_each_epoch_is_the_uninterrupted_one(
         store: wk.Store, tmp_path: Path, trainer: str) -> None:
     seen = chaos(trainer, store, tmp_path, kills=3, seed=len(trainer))
     assert seen == uninterrupted(store, BUDGETS[0])
+
+
+@pytest.mark.parametrize("kills", [3, pytest.param(10, marks=pytest.mark.slow)])
+def test_ranks_resumed_on_another_rank_count_train_each_window_once_an_epoch(
+        store: wk.Store, tmp_path: Path, kills: int) -> None:
+    seen = chaos("torch-ranks", store, tmp_path, kills=kills, seed=7 + kills)
+    want = sorted({w for _, batch in uninterrupted(store, 0) for w in batch})
+    for epoch in range(EPOCHS):
+        got = [w for e, batch in seen if e == epoch for w in batch]
+        assert sorted(set(got)) == want, f"windows missing from epoch {epoch}"
+        assert len(got) - len(want) <= 2 * (kills + 1), f"windows read twice in epoch {epoch}"
 
 
 @pytest.mark.slow

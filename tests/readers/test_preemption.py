@@ -225,6 +225,67 @@ def test_rank_0s_torch_state_resumes_every_rank_exactly(store: wk.Store) -> None
         assert [ids(b) for b in resumed] == whole[rank][5:]
 
 
+def _loaders(store: wk.Store, ranks: int, workers: int = 0, **options: Any) -> list[Any]:
+    datasets = [store.torch_dataset("train", 16, seed=3, rank=r, world_size=ranks, **options)
+                for r in range(ranks)]
+    return [StatefulDataLoader(ds, batch_size=None, num_workers=workers, sampler=ds.sampler())
+            for ds in datasets]
+
+
+def _steps(loaders: list[Any], count: int | None = None) -> list[list[int]]:
+    """``count`` steps (all that are left by default) of ranks stepping together:
+    every window each step trains, on every rank."""
+    iterators = [iter(loader) for loader in loaders]
+    steps = []
+    while count is None or len(steps) < count:
+        try:
+            steps.append([w for it in iterators for w in ids(next(it))])
+        except StopIteration:
+            break
+    return steps
+
+
+@pytest.mark.parametrize(("before", "after", "workers"), [(2, 1, 0), (2, 3, 2), (1, 4, 0)])
+def test_a_torch_state_resumes_on_another_number_of_ranks(
+        store: wk.Store, before: int, after: int, workers: int) -> None:
+    """Saved (rank 0's state, as Lightning saves it) 5 steps into epoch 0 on
+    ``before`` ranks, resumed on ``after``, saved again 2 steps on and resumed
+    on ``before``: epoch 0 trains every window once (a padded rank's repeats
+    aside), the trainer's count goes on from 5, and epoch 1 is whole."""
+    every = sorted(w for batch in _epoch_of(store, 0, 1 << 30) for w in batch)
+    first = _loaders(store, before, workers)
+    seen = [w for step in _steps(first, 5) for w in step]
+    state = json.loads(json.dumps(first[0].state_dict(), default=int))
+    second = _loaders(store, after, workers)
+    for loader in second:
+        loader.load_state_dict(state)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        seen += [w for step in _steps(second, 2) for w in step]
+    assert any("ends it early" in str(w.message) for w in warned) == (after > before)
+    counted = len(second[0])  # the trainer's count: 5 steps before, those left after
+    state = second[0].state_dict()
+    third = _loaders(store, before, workers)
+    for loader in third:
+        loader.load_state_dict(state)
+    rest = _steps(third)
+    seen += [w for step in rest for w in step]
+    assert counted >= 7 and len(third[0]) == 7 + len(rest)
+    assert set(seen) == set(every)
+    assert len(seen) - len(set(seen)) <= 2 * (before + after)  # padding repeats, no more
+    next_epoch = _steps(third)
+    assert sorted({w for step in next_epoch for w in step}) == every
+
+
+def test_a_torch_state_of_other_ranks_without_the_sampler_is_one_line(store: wk.Store) -> None:
+    state = _loaders(store, 2)[0].state_dict()
+    ds = store.torch_dataset("train", 16, seed=3)
+    loader = StatefulDataLoader(ds, batch_size=None)  # no sampler: nobody says how far
+    loader.load_state_dict(state)
+    with pytest.raises(InvalidSpecError, match="sampler=dataset.sampler()"):
+        next(iter(loader))
+
+
 # -- tampered positions -------------------------------------------------------------------------
 @pytest.mark.parametrize("change", [
     {"stops": [[10**9, 5]]}, {"stops": [[2, 10**12]]}, {"stops": [[1, 1]] * 5000},

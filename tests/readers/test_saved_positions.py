@@ -49,8 +49,9 @@ OTHERWISE = [({}, {"seed": 2}, "seed"), ({}, {"batch_size": 32}, "batch_size"),
              ({}, TWO_RANKS, "num_shards"), (TWO_RANKS, {**TWO_RANKS, "rank": 1}, "shard")]
 IDS = [key if key != "shuffle" else f"shuffle={options['shuffle']}"
        for _, options, key in OTHERWISE]
-#: a torch state goes to any rank; the rest as above
-TORCH_OTHERWISE = [case for case in OTHERWISE if case[2] != "shard"]
+#: a torch state goes to any rank, and regroups on another rank count
+#: (test_preemption.py)
+TORCH_OTHERWISE = [case for case in OTHERWISE if case[2] not in ("shard", "num_shards")]
 #: a tf.data checkpoint names the order itself: shuffle=False is another order,
 #: shuffle="global" the same uniform one as shuffle=True where the rows fit
 TF_OTHERWISE = [(built, change, "order" if key == "shuffle" else key)

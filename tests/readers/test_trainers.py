@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,7 +157,8 @@ _LIGHTNING_PREEMPTED = textwrap.dedent("""
     from torchdata.stateful_dataloader import StatefulDataLoader
     import windowkit as wk
 
-    store_path, out, ckpt_dir, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    store_path, out, ckpt_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+    kill_at, devices = int(sys.argv[4]), int(sys.argv[5])
 
     class Model(L.LightningModule):
         def __init__(self):
@@ -183,7 +185,8 @@ _LIGHTNING_PREEMPTED = textwrap.dedent("""
 
     if __name__ == "__main__":
         saved = sorted(glob.glob(os.path.join(ckpt_dir, "*.ckpt")))
-        trainer = L.Trainer(devices=2, accelerator="cpu", strategy="ddp", max_epochs=EPOCHS,
+        trainer = L.Trainer(devices=devices, accelerator="cpu", strategy="ddp",
+                            max_epochs=EPOCHS,
                             logger=False, enable_progress_bar=False, enable_model_summary=False,
                             callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=SAVE,
                                                        save_top_k=-1)])
@@ -191,11 +194,10 @@ _LIGHTNING_PREEMPTED = textwrap.dedent("""
 """).replace("EPOCHS", str(EPOCHS)).replace("SAVE", "12")
 
 
-def test_lightning_ddp_resumes_mid_epoch_from_its_checkpoint(tmp_path: Path) -> None:
-    """Killed (no clean shutdown) two steps after a step-12 checkpoint, inside
-    epoch 1; run again from that checkpoint: per epoch, the steps up to the
-    checkpoint and those after it train every window once between the ranks."""
-    store, series = _store(tmp_path)
+def _preempted_lightning(tmp_path: Path, store: wk.Store, devices: tuple[int, int]) -> Path:
+    """Lightning DDP on ``devices[0]`` ranks killed (no clean shutdown) two
+    steps after a step-12 checkpoint, inside epoch 1, then run on
+    ``devices[1]`` ranks from that checkpoint; returns the output prefix."""
     script = tmp_path / "fit.py"
     script.write_text(_LIGHTNING_PREEMPTED)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
@@ -204,13 +206,26 @@ def test_lightning_ddp_resumes_mid_epoch_from_its_checkpoint(tmp_path: Path) -> 
     for run, kill_at in enumerate((14, -1)):
         port = str(29_000 + (os.getpid() + 7 * run) % 400)
         proc = subprocess.run([sys.executable, str(script), str(store.path), f"{out}{run}",
-                               str(ckpt), str(kill_at)], env={**env, "MASTER_PORT": port},
+                               str(ckpt), str(kill_at), str(devices[run])],
+                              env={**env, "MASTER_PORT": port},
                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert proc.returncode == (9 if run == 0 else 0), proc.stderr[-3000:]
+    return out
+
+
+def _steps_of(path: str) -> list[Any]:
+    """What each step a rank trained: [epoch, global step, the batch's rows]."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_lightning_ddp_resumes_mid_epoch_from_its_checkpoint(tmp_path: Path) -> None:
+    """Per epoch, the steps up to the checkpoint and those after it train
+    every window once between the ranks."""
+    store, series = _store(tmp_path)
+    out = _preempted_lightning(tmp_path, store, (2, 2))
     steps_per_epoch = None
     for rank in (0, 1):
-        first = [json.loads(line) for line in Path(f"{out}0.{rank}").read_text().splitlines()]
-        second = [json.loads(line) for line in Path(f"{out}1.{rank}").read_text().splitlines()]
+        first, second = _steps_of(f"{out}0.{rank}"), _steps_of(f"{out}1.{rank}")
         assert min(step for _, step, _ in second) == 12  # Lightning goes on after the checkpoint
         kept = [(e, s, b) for e, s, b in first if s < 12] + second
         seen = [(e, b) for e, _, b in kept]
@@ -218,6 +233,22 @@ def test_lightning_ddp_resumes_mid_epoch_from_its_checkpoint(tmp_path: Path) -> 
         assert 0 < 12 - steps_per_epoch < steps_per_epoch  # the checkpoint is inside epoch 1
         Path(f"{out}.{rank}").write_text(json.dumps({"rank": rank, "seen": seen}))
     _check(series, [Path(f"{out}.0"), Path(f"{out}.1")])
+
+
+def test_lightning_ddp_resumes_mid_epoch_on_fewer_ranks(tmp_path: Path) -> None:
+    """Saved on 2 ranks, resumed on 1 from the same checkpoint: per epoch,
+    every window once (a padded rank's repeated window aside)."""
+    store, series = _store(tmp_path)
+    out = _preempted_lightning(tmp_path, store, (2, 1))
+    x, _ = oracle_windows(series, SPEC)
+    want = [tuple(np.round(row, 4)) for row in x.reshape(len(x), -1).tolist()]
+    resumed = _steps_of(f"{out}1.0")
+    assert min(step for _, step, _ in resumed) == 12  # Lightning goes on after the checkpoint
+    steps = [s for rank in (0, 1) for s in _steps_of(f"{out}0.{rank}") if s[1] < 12] + resumed
+    for epoch in range(EPOCHS):
+        rows = [tuple(np.round(row, 4)) for e, _, batch in steps if e == epoch for row in batch]
+        assert set(rows) == set(want), f"windows missing from epoch {epoch}"
+        assert len(rows) - len(want) <= 2, f"windows read twice in epoch {epoch}"
 
 
 _ACCELERATE_PREEMPTED = textwrap.dedent("""

@@ -56,10 +56,13 @@ class ShardShare:
     def of_windows(cls, left: np.ndarray, count: int, index: int, total: int) -> ShardShare:
         """Shard ``index`` of ``count`` over the windows ``left`` (index
         positions, ascending) of a split of ``total``: the same contiguous,
-        balanced pieces, of those windows."""
+        balanced pieces, of those windows. With fewer windows left than
+        shards, a shard left without one repeats the last window left (as a
+        shard's padding does), so that every shard steps together."""
         pieces = [ShardShare(i, count, len(left)) for i in range(count)]
         mine = pieces[index]
-        return cls(index, count, total, left[mine.lo:mine.hi], tuple(p.size for p in pieces))
+        owned = left[mine.lo:mine.hi] if mine.size or not len(left) else left[-1:]
+        return cls(index, count, total, owned, tuple(p.size for p in pieces))
 
     @property
     def whole(self) -> bool:

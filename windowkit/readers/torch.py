@@ -31,13 +31,17 @@ neither batches nor collates again.
 - **Resuming**: ``state_dict()``/``load_state_dict()`` (torchdata's
   ``Stateful``) carry the epoch, and a batch depends on nothing but its
   epoch and index, so ``StatefulDataLoader`` resumes mid-epoch with exactly
-  the batches an uninterrupted run would yield.
+  the batches an uninterrupted run would yield. A state saved on another
+  number of ranks goes on with the windows that epoch had left, spread over
+  this run's ranks, once the sampler (:meth:`WindowTorchDataset.sampler`)
+  has said how many batches the saved run had read.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import operator
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,11 +50,13 @@ import torch
 
 from windowkit.errors import InvalidSpecError, check_int
 from windowkit.readers.numpy_engine.batches import EpochBatches
-from windowkit.readers.saved import ADOPTING_KEYS, check_epoch
+from windowkit.readers.saved import ADOPTING_KEYS, EPOCH_LIMIT, check_epoch, check_saved_for
 
 #: what a torch state must match: not the rank (ranks step together, and
 #: trainers such as Lightning save one rank's loader state for all of them)
 _STATE_KEYS = tuple(key for key in ADOPTING_KEYS if key != "shard")
+#: what a state saved on another number of ranks must match
+_REGROUP_KEYS = tuple(key for key in _STATE_KEYS if key != "num_shards")
 
 
 def distributed_shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -90,12 +96,17 @@ class WindowTorchDataset(torch.utils.data.Dataset):
         self.batches = batches
         self.rank, self.world_size = rank, world_size
         # shared memory, so that workers (forked, spawned, persistent) follow the epoch:
-        # [epoch, set explicitly since the last batch], and which batches this epoch read
-        self._epoch_state = torch.zeros(2, dtype=torch.int64).share_memory_()
-        self._read = torch.zeros(max(1, batches.batches_per_epoch),
+        # [epoch, batches of it read before a restore (-1: none)], and which batches
+        # this epoch read (counted from the restored ones)
+        self._epoch_state = torch.tensor([0, -1], dtype=torch.int64).share_memory_()
+        self._read = torch.zeros(batches.batches_per_epoch + 2,
                                  dtype=torch.uint8).share_memory_()
         # a lock workers can share however they start (a spawn context's works for fork too)
         self._lock = multiprocessing.get_context("spawn").Lock()
+        #: a state saved on another number of ranks, until the sampler says how far it got
+        self._regrouping: dict[str, Any] | None = None
+        #: the state the sampler just restored (loaded again by a 0-worker loader)
+        self._sampler_restored: dict[str, Any] | None = None
         batches.hold()  # held now, so that forked workers share the rows
 
     def __getstate__(self) -> dict[str, Any]:
@@ -118,17 +129,23 @@ class WindowTorchDataset(torch.utils.data.Dataset):
         """Follow epoch ``epoch``'s order from now on (as ``DistributedSampler.set_epoch``)."""
         epoch = check_epoch(epoch)
         with self._lock:
+            if epoch != self._epoch_state[0]:
+                self._epoch_state[1] = -1  # the restored count was another epoch's
             self._epoch_state[0] = epoch
             self._read.zero_()
 
     def _epoch_of(self, batch: int) -> int:
         """The epoch batch ``batch`` (this rank's) is read in: the current one, or
-        the next when the batch was already read in the current one (a new pass)."""
+        the next when the batch was already read in the current one, or before
+        its restore (a new pass)."""
         with self._lock:
-            if self._read[batch]:
+            restored = max(0, int(self._epoch_state[1].item()))
+            if batch < restored or self._read[batch - restored]:
                 self._epoch_state[0] += 1
+                self._epoch_state[1] = -1
                 self._read.zero_()
-            self._read[batch] = 1
+                restored = 0
+            self._read[batch - restored] = 1
             return int(self._epoch_state[0].item())
 
     @property
@@ -137,7 +154,8 @@ class WindowTorchDataset(torch.utils.data.Dataset):
 
     @property
     def batches_per_rank(self) -> int:
-        """Batches each rank reads in the current epoch."""
+        """Batches each rank counts in the current epoch."""
+        self._regroup()
         return self.batches.batches_in(self.epoch)
 
     @property
@@ -161,6 +179,12 @@ class WindowTorchDataset(torch.utils.data.Dataset):
         if not -n <= i < n:
             raise IndexError(f"batch {index} is out of range for {n} batches")
         i %= n
+        self._sampler_restored = None
+        if self._regrouping is not None:
+            raise InvalidSpecError(
+                f"this dataset was given a state saved on {self._regrouping['num_shards']} "
+                f"ranks (it has {self.world_size}): load it into a StatefulDataLoader built "
+                "with sampler=dataset.sampler(), which says how far the saved run got")
         owner, batch = i % self.world_size, i // self.world_size
         if owner != self.rank:
             raise InvalidSpecError(
@@ -210,14 +234,57 @@ class WindowTorchDataset(torch.utils.data.Dataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on in the saved epoch, in the saved order, resumed as it was
         (``StatefulDataLoader`` then skips the batches already read). Any rank
-        takes any rank's state (ranks step together). A state saved for
-        another store, split, seed, shuffle, batch size or rank count is one
-        line (to resume on another rank count, use :meth:`position_after` and
-        :meth:`resume`)."""
+        takes any rank's state (ranks step together). A state saved on another
+        number of ranks goes on once the sampler's state says how many batches
+        were read (:meth:`sampler`): the windows not read, over this run's
+        ranks. A state saved for another store, split, seed, shuffle or batch
+        size is one line."""
+        if state == self._sampler_restored:  # the sampler's, loaded again (0 workers)
+            self._sampler_restored = None
+            return
         if not isinstance(state, dict) or "epoch" not in state:
             raise InvalidSpecError("not a windowkit torch dataset state: it has no 'epoch' "
                                    "(pass what state_dict() returned)")
-        self.set_epoch(self.batches.restore_state(state, _STATE_KEYS, what="state"))
+        if state.get("num_shards", self.world_size) == self.world_size:
+            self._regrouping = None
+            epoch = self.batches.restore_state(state, _STATE_KEYS, what="state")
+        else:  # checked now, regrouped once the sampler's count comes
+            check_saved_for(state, self.batches.identity(), _REGROUP_KEYS, what="state")
+            epoch = check_epoch(state["epoch"])
+            self._regrouping = state
+        self.set_epoch(epoch)
+        with self._lock:
+            self._epoch_state[1] = -1
+
+    def _restored_at(self, given: int) -> None:
+        """The sampler restored its count: ``given`` batches of the restored
+        epoch were read before (shared, so workers learn it too)."""
+        with self._lock:
+            self._epoch_state[1] = given
+        self._regroup()
+        whole = self.batches.batches_per_epoch
+        if self.batches_per_rank > whole:
+            warnings.warn(
+                f"resumed on {self.world_size} ranks from a state saved on fewer, epoch "
+                f"{self.epoch} counts {self.batches_per_rank} batches a rank (going on at "
+                f"batch {given}), more than a whole epoch's {whole}: a trainer that counted "
+                "the epoch's batches before restoring (Lightning) ends it early; resume "
+                "mid-epoch on at most as many ranks as saved, or at an epoch's end",
+                stacklevel=3)
+
+    def _regroup(self) -> None:
+        """Regroup a state saved on another number of ranks once the sampler's
+        count has come (in every process: workers learn it from shared memory)."""
+        state = self._regrouping
+        if state is None:
+            return
+        if state["epoch"] != self.epoch:  # the run has moved on from that epoch
+            self._regrouping = None
+            return
+        given = int(self._epoch_state[1].item())
+        if given >= 0:
+            self._regrouping = None
+            self.batches.regroup(state, _REGROUP_KEYS, given)
 
     def __repr__(self) -> str:
         plan = self.batches.plan
@@ -251,6 +318,7 @@ class WindowSampler(torch.utils.data.DistributedSampler):
         """Restore the dataset's state in this process too, so that this
         sampler counts the restored epoch's batches."""
         self.windows.load_state_dict(state)
+        self.windows._sampler_restored = state
 
     def __len__(self) -> int:
         return self.windows.batches_per_rank
@@ -284,7 +352,14 @@ class RankItems:
         return {"given": self.given}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on after the ``given`` items; the dataset (every process's)
+        learns that its restored epoch's first ``given`` batches were read."""
         if not isinstance(state, dict):
             raise InvalidSpecError("not a windowkit sampler state: pass what state_dict() "
                                    "returned")
-        self.given = check_int("given", state.get("given"), 0)
+        given = check_int("given", state.get("given"), 0)
+        if given > EPOCH_LIMIT:
+            raise InvalidSpecError(f"the saved sampler state gave {given} batches, more "
+                                   "than an epoch can have")
+        self.given = given
+        self.dataset._restored_at(given)

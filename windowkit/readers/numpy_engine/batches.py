@@ -79,11 +79,15 @@ class _Local:
 
 @dataclass(frozen=True)
 class _Resumed:
-    """An epoch resumed part-way: its stops, and this shard's piece of what is left."""
+    """An epoch resumed part-way: its stops, this shard's piece of what is
+    left, and ``lead``: batches counted before it that it does not yield
+    again (a state regrouped from another shard count keeps the saved count,
+    as trainers do; see :meth:`EpochBatches.regroup`)."""
 
     epoch: int
     stops: tuple[EpochStop, ...]
     share: ShardShare
+    lead: int = 0
 
 
 class EpochBatches:
@@ -173,8 +177,14 @@ class EpochBatches:
         return self.windows_per_epoch
 
     def batches_in(self, epoch: int) -> int:
-        """Batches epoch ``epoch`` yields."""
-        return num_batches(self.windows_in(epoch), self.batch_size, self.batch.drop_remainder)
+        """Batches epoch ``epoch`` counts (with the lead of a regrouped resume)."""
+        count = num_batches(self.windows_in(epoch), self.batch_size, self.batch.drop_remainder)
+        return count + self.lead_in(epoch)
+
+    def lead_in(self, epoch: int) -> int:
+        """Batches epoch ``epoch`` counts before its first one (see :meth:`regroup`)."""
+        resumed = self._resumed
+        return resumed.lead if resumed is not None and resumed.epoch == epoch else 0
 
     def hold(self) -> None:
         """Hold the rows now when batches come from held rows (so that workers
@@ -238,9 +248,15 @@ class EpochBatches:
         """The epoch positions batch ``index`` holds (past a shard's own windows,
         a padded epoch repeats its last one)."""
         windows = self.windows_per_epoch if epoch is None else self.windows_in(epoch)
+        lead = 0 if epoch is None else self.lead_in(epoch)
         batches = num_batches(windows, self.batch_size, self.batch.drop_remainder)
+        if 0 <= index < lead:
+            raise IndexError(f"batch {index} of epoch {epoch} was read before it was resumed "
+                             f"(it goes on at batch {lead})")
+        index -= lead
         if not 0 <= index < batches:
-            raise IndexError(f"batch {index} is out of range for {batches} batches")
+            raise IndexError(f"batch {index + lead} is out of range for {batches + lead} "
+                             "batches")
         lo = index * self.batch_size
         return np.arange(lo, min(lo + self.batch_size, windows), dtype=np.int64)
 
@@ -281,16 +297,19 @@ class EpochBatches:
         """Where epoch ``epoch`` stands once every shard has read ``batches``
         batches of it: a small JSON-able dict, for :meth:`resume` on any
         number of shards (and any batch size)."""
-        read = min(check_int("batches", batches, 0) * self.batch_size, self.windows_in(epoch))
+        done = max(0, check_int("batches", batches, 0) - self.lead_in(epoch))
+        read = min(done * self.batch_size, self.windows_in(epoch))
         position = self.state_at(epoch)
         position["stops"].append([self.plan.shard_share.count, read])
+        del position["lead"]  # counted in the stop
         return position
 
-    def resume(self, position: dict[str, Any]) -> int:
+    def resume(self, position: dict[str, Any], *, lead: int = 0) -> int:
         """Go on from a saved :meth:`position_after` (saved with any number of
         shards): its epoch yields, over this plan's shards, every window it had
-        left exactly once; later epochs are whole. Returns the epoch. A position
-        saved for another store, split, seed or shuffle is one line."""
+        left exactly once (counted after ``lead`` batches it does not yield);
+        later epochs are whole. Returns the epoch. A position saved for another
+        store, split, seed or shuffle is one line."""
         if not isinstance(position, dict) or "epoch" not in position or "stops" not in position:
             raise InvalidSpecError("not a windowkit position: pass what position_after() "
                                    "returned")
@@ -302,16 +321,12 @@ class EpochBatches:
         self.adopt_order(saved_order(position))
         local = self._process_local()
         left = windows_left(lambda where: local.full(epoch, where), total, list(stops))
-        if 0 < len(left) < share.count:
-            raise InvalidSpecError(
-                f"epoch {epoch} has {len(left)} windows left, fewer than {share.count} "
-                f"shards: resume on at most {len(left)} shards, or at epoch {epoch + 1}")
-        if len(left) == 0:
+        if len(left) == 0 and lead == 0:
             self._resumed = None
             return epoch + 1
         mine = ShardShare.of_windows(left, share.count, share.index, total)
-        self._resumed = _Resumed(epoch, stops, mine)
-        if self.holds_rows and mine.owned is not None:  # hold the rows of what is left too
+        self._resumed = _Resumed(epoch, stops, mine, lead)
+        if self.holds_rows and mine.owned is not None and mine.size:  # hold what is left too
             first = min(share.lo, int(mine.owned[0]))
             last = max(share.hi, int(mine.owned[-1]) + 1)
             self._rows_plan = replace(plan, runs=plan.whole_split.select_positions(first, last))
@@ -327,7 +342,7 @@ class EpochBatches:
         resumed = self._resumed
         stops = resumed.stops if resumed is not None and resumed.epoch == epoch else ()
         return {"epoch": int(epoch), "stops": [[s.num_shards, s.windows] for s in stops],
-                **self.identity()}
+                "lead": self.lead_in(epoch), **self.identity()}
 
     def restore_state(self, state: object, keys: tuple[str, ...], *, what: str) -> int:
         """Go on from a :meth:`state_at` (checked on ``keys``, the order adopted):
@@ -335,12 +350,41 @@ class EpochBatches:
         check_saved_for(state, self.identity(), keys, what=what)
         assert isinstance(state, dict)
         epoch = check_epoch(state.get("epoch"))
-        stops = state.get("stops") or []
-        if stops:
-            return self.resume({**state, "epoch": epoch})
+        lead = self._saved_lead(state)
+        if state.get("stops") or lead:
+            return self.resume({**state, "epoch": epoch}, lead=lead)
         self.adopt_order(saved_order(state, what=what))
         self._resumed = None
         return epoch
+
+    def regroup(self, state: object, keys: tuple[str, ...], given: int) -> int:
+        """Go on from a :meth:`state_at` saved with another number of shards
+        (checked on ``keys``), after each of them had been given ``given``
+        batches of its epoch, as the saved reader counted them: the windows
+        they had not read, spread over this plan's shards and counted on from
+        batch ``given`` (the count a trainer restores with the state). Returns
+        the epoch."""
+        check_saved_for(state, self.identity(), keys, what="state")
+        assert isinstance(state, dict)
+        total = self.plan.whole_split.total
+        stops = list(checked_stops(state.get("stops") or [], total))
+        shards = check_int("num_shards", state.get("num_shards"), 1)
+        given = check_int("given", given, 0)
+        if shards > max(1, total) or given > total:
+            raise InvalidSpecError(f"the saved state names {shards} shards and {given} "
+                                   f"batches given; a split of {total} windows has fewer")
+        read = min((max(0, given - self._saved_lead(state))) * self.batch_size, total)
+        stops.append(EpochStop(shards, read))
+        position = {**state, "stops": [[s.num_shards, s.windows] for s in stops]}
+        return self.resume(position, lead=given)
+
+    def _saved_lead(self, state: dict[str, Any]) -> int:
+        """A saved state's lead (:meth:`regroup`), bounded by the split's windows."""
+        lead = check_int("lead", state.get("lead", 0), 0)
+        if lead > self.plan.whole_split.total:
+            raise InvalidSpecError(f"the saved state's lead of {lead} batches is more than "
+                                   f"the split's {self.plan.whole_split.total} windows")
+        return lead
 
     def identity(self) -> dict[str, Any]:
         """What a saved position of this reader is for."""
