@@ -282,7 +282,7 @@ def test_a_torch_state_of_other_ranks_without_the_sampler_is_one_line(store: wk.
     ds = store.torch_dataset("train", 16, seed=3)
     loader = StatefulDataLoader(ds, batch_size=None)  # no sampler: nobody says how far
     loader.load_state_dict(state)
-    with pytest.raises(InvalidSpecError, match="sampler=dataset.sampler()"):
+    with pytest.raises(InvalidSpecError, match=r"sampler=dataset\.sampler\(\)"):
         next(iter(loader))
 
 
