@@ -236,7 +236,7 @@ def _steps(loaders: list[Any], count: int | None = None) -> list[list[int]]:
     """``count`` steps (all that are left by default) of ranks stepping together:
     every window each step trains, on every rank."""
     iterators = [iter(loader) for loader in loaders]
-    steps = []
+    steps: list[list[int]] = []
     while count is None or len(steps) < count:
         try:
             steps.append([w for it in iterators for w in ids(next(it))])
