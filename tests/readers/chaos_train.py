@@ -138,11 +138,9 @@ def train_tf(store: wk.Store, work: Path, kill_at: int, budget: int | None) -> N
 
 
 def train_grain(store: wk.Store, work: Path, kill_at: int, budget: int | None) -> None:
-    import grain
-
     record = Record(work)
     src = store.grain_batches("train", BATCH, seed=SEED, epochs=EPOCHS, memory_budget=budget)
-    iterator = iter(grain.MapDataset.source(src).to_iter_dataset())
+    iterator = iter(src.iter_dataset())
     state_path = work / "grain.json"
     if state_path.exists():
         iterator.set_state(json.loads(state_path.read_text()))

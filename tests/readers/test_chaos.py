@@ -1,16 +1,16 @@
 """Chaos: a small training loop in each trainer (Keras ``fit`` with
 ``backup_and_restore``, a torch loop with ``StatefulDataLoader`` and 2
 workers, a ``tf.function`` loop with ``tf.train.Checkpoint`` behind ``.map``,
-Grain) is killed with SIGKILL at 3 random steps across 3 epochs and started
-again from its last checkpoint each time; the Keras and torch runs come back
-with another ``memory_budget`` each time (another epoch order, had it not
-travelled with the checkpoint). The steps each run committed, together, are
-batch for batch the uninterrupted run's, so each epoch trains every window
-exactly once. Ranks stepping together, resumed from rank 0's torch state
-on 2 and 1 ranks in turn, train every window of each epoch once (a padded
-rank's repeats aside). (Lightning DDP, killed mid-epoch and resumed from its
-checkpoint on 2 and on 1 ranks: ``test_trainers.py``.) ``make test-slow``
-runs it with 10 kills."""
+Grain's ``src.iter_dataset()``) is killed with SIGKILL at 3 random steps
+across 3 epochs and started again from its last checkpoint each time; the
+Keras, torch and Grain runs come back with another ``memory_budget`` each time
+(another epoch order, had it not travelled with the checkpoint). The steps
+each run committed, together, are batch for batch the uninterrupted run's, so
+each epoch trains every window exactly once. Ranks stepping together, resumed
+from rank 0's torch state on 2 and 1 ranks in turn, train every window of each
+epoch once (a padded rank's repeats aside). (Lightning DDP, killed mid-epoch
+and resumed from its checkpoint on 2 and on 1 ranks: ``test_trainers.py``.)
+``make test-slow`` runs it with 10 kills."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ pytest.importorskip("grain")
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGETS = (6_000, 24_000, 0)  # block groups of two sizes, and the machine's default
-ADOPTING = {"keras", "torch"}  # readers that go on in a saved order under another budget
+ADOPTING = {"keras", "torch", "grain"}  # readers that go on in a saved order under another budget
 
 
 @pytest.fixture(scope="module")

@@ -286,6 +286,38 @@ def test_a_torch_state_of_other_ranks_without_the_sampler_is_one_line(store: wk.
         next(iter(loader))
 
 
+# -- Grain iterator states ----------------------------------------------------------------------
+def _grain_iterator(store: wk.Store, **options: Any) -> Any:
+    src = store.grain_batches("train", 16, **{"seed": 3, "epochs": 2, **options})
+    return iter(src.iter_dataset().map(lambda x: x * 1))
+
+
+def test_a_grain_state_goes_on_in_its_order_under_another_budget(store: wk.Store) -> None:
+    it = _grain_iterator(store, memory_budget=BUDGETS[0])
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    rest = [ids(b) for b in it]
+    again = _grain_iterator(store, memory_budget=BUDGETS[1])  # another machine's order
+    again.set_state(state)
+    assert [ids(b) for b in again] == rest
+
+
+@pytest.mark.parametrize(("change", "key"), [({"seed": 4}, "seed"),
+                                             ({"shuffle": False}, "shuffle"),
+                                             ({"epochs": 3}, "epochs")])
+def test_a_grain_state_restored_into_another_source_is_one_line(
+        store: wk.Store, change: dict[str, Any], key: str) -> None:
+    it = _grain_iterator(store)
+    next(it)
+    state = it.get_state()
+    with pytest.raises(InvalidSpecError, match=f"is for {key}=") as caught:
+        _grain_iterator(store, **change).set_state(state)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(InvalidSpecError, match="not a state of a windowkit Grain iterator"):
+        _grain_iterator(store).set_state(state["grain"])  # Grain's part alone: unchecked
+
+
 # -- tampered positions -------------------------------------------------------------------------
 @pytest.mark.parametrize("change", [
     {"stops": [[10**9, 5]]}, {"stops": [[2, 10**12]]}, {"stops": [[1, 1]] * 5000},

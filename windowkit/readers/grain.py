@@ -16,16 +16,18 @@ of the same epoch window for window, cut by
 Grain's cost per element is then paid once a batch::
 
     src = store.grain_batches("train", 256, epochs=10)
-    for x, y in grain.MapDataset.source(src).to_iter_dataset():
+    for x, y in src.iter_dataset():  # MapDataset.source(src).to_iter_dataset(), checked
         ...
 
-Grain hands a source only indices below its ``len`` (``MapDataset.repeat``
-and ``IndexSampler(num_epochs=...)`` take them modulo ``len``), so a source
-never learns Grain's epoch; this one holds ``epochs`` epochs one after
-another instead, each in its own seeded order: item ``i`` is batch
+Grain hands a source only indices below its ``len`` (``MapDataset.repeat`` and
+``IndexSampler(num_epochs=...)`` take them modulo ``len``), so a source never
+learns Grain's epoch; this one holds ``epochs`` epochs one after another
+instead, each in its own seeded order: item ``i`` is batch
 ``i % batches_per_epoch`` of epoch ``epoch + i // batches_per_epoch``. An item
 depends on nothing but its index, so Grain's iterator checkpoints resume
-exactly. It checks the store once per epoch, as the other batch readers do.
+exactly; those of :meth:`BatchGrainSource.iter_dataset` also say what they
+were saved for, and are checked on restore. It checks the store once per
+epoch, as the other batch readers do.
 
 **Windows**, :class:`WindowGrainSource` (:meth:`windowkit.Store.grain_source`),
 for pipelines that shuffle, batch or transform per window in Grain:
@@ -231,6 +233,19 @@ class BatchGrainSource:
         """Item ``index``: batch ``index % batches_per_epoch`` of epoch
         ``epoch + index // batches_per_epoch``, as NumPy arrays."""
         return self.batches.batch_at(*self.position(index))
+
+    def iter_dataset(self, read_options: Any = None) -> Any:
+        """``grain.MapDataset.source(self).to_iter_dataset(read_options)``, whose
+        iterators' states say what they were saved for: restored into a source
+        built otherwise, one line naming what differs; saved in another epoch
+        order (another machine's memory budget chose it), that order goes on
+        (:mod:`windowkit.readers.grain_checked`)."""
+        import grain
+
+        from windowkit.readers.grain_checked import CheckedIterDataset
+
+        return CheckedIterDataset(grain.MapDataset.source(self).to_iter_dataset(read_options),
+                                  self)
 
     def identity(self) -> dict[str, Any]:
         """What the items depend on: the store, split, order, batches, shard and epochs."""
