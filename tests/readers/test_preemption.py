@@ -339,6 +339,25 @@ def test_a_tampered_position_is_one_line_within_a_second(store: wk.Store,
              "stops": change.get("stops", [[1, 16]])})
 
 
+def test_a_distribution_strategys_iterator_is_refused_and_set_epoch_with_skip_is_exact(
+        store: wk.Store) -> None:
+    """TensorFlow refuses to checkpoint a distributed iterator (one line, at
+    ``Checkpoint``): nothing is restored silently. The way the docs give
+    instead, the epoch and the steps done saved with the model, then
+    ``set_epoch`` and ``skip``, goes on exactly."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    ds = store.tf_dataset("train", 16, seed=3)
+    ds.set_epoch(2)
+    it = iter(strategy.experimental_distribute_dataset(ds.map(lambda x: x * 1)))
+    with pytest.raises(ValueError, match="trackable") as caught:
+        tf.train.Checkpoint(iterator=it)
+    assert "\n" not in str(caught.value)
+    fresh = store.tf_dataset("train", 16, seed=3)  # a new process: epoch and steps saved
+    fresh.set_epoch(2)
+    again = strategy.experimental_distribute_dataset(fresh.skip(5).map(lambda x: x * 1))
+    assert [ids(b) for b in again] == epoch_batches(store, 2)[5:]
+
+
 def test_a_tf_checkpoint_restores_exactly_behind_repeat(store: wk.Store,
                                                          tmp_path: Path) -> None:
     def iterator() -> Any:
