@@ -8,8 +8,8 @@ Keras, torch and Grain runs come back with another ``memory_budget`` each time
 each run committed, together, are batch for batch the uninterrupted run's, so
 each epoch trains every window exactly once. Ranks stepping together, resumed
 from rank 0's torch state on 2 and 1 ranks in turn, train every window of each
-epoch once (a padded rank's repeats aside). (Lightning DDP, killed mid-epoch
-and resumed from its checkpoint on 2 and on 1 ranks: ``test_trainers.py``.)
+epoch once (a padded rank's repeats aside). (Lightning DDP, killed at 3 random
+steps and resumed from its checkpoint on 2 ranks, then on 1: ``test_trainers.py``.)
 ``make test-slow`` runs it with 10 kills."""
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def test_accelerate_prepare_is_exact(tmp_path: Path) -> None:
 
 
 _LIGHTNING_PREEMPTED = textwrap.dedent("""
-    import glob, json, os, sys
+    import json, os, sys
     import lightning as L, torch
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -184,71 +184,62 @@ _LIGHTNING_PREEMPTED = textwrap.dedent("""
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     if __name__ == "__main__":
-        saved = sorted(glob.glob(os.path.join(ckpt_dir, "*.ckpt")))
+        last = os.path.join(ckpt_dir, "last.ckpt")
         trainer = L.Trainer(devices=devices, accelerator="cpu", strategy="ddp",
-                            max_epochs=EPOCHS,
-                            logger=False, enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=SAVE,
-                                                       save_top_k=-1)])
-        trainer.fit(Model(), ckpt_path=saved[-1] if saved else None)
-""").replace("EPOCHS", str(EPOCHS)).replace("SAVE", "12")
+                            max_epochs=CHAOS_EPOCHS, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False,
+                            callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1,
+                                                       save_top_k=0, save_last=True)])
+        trainer.fit(Model(), ckpt_path=last if os.path.exists(last) else None)
+""").replace("CHAOS_EPOCHS", "3")
 
 
-def _preempted_lightning(tmp_path: Path, store: wk.Store, devices: tuple[int, int]) -> Path:
-    """Lightning DDP on ``devices[0]`` ranks killed (no clean shutdown) two
-    steps after a step-12 checkpoint, inside epoch 1, then run on
-    ``devices[1]`` ranks from that checkpoint; returns the output prefix."""
+def _steps_of(path: Path) -> list[Any]:
+    """What each step a rank trained: [epoch, global step, the batch's rows]."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("kills", [3, pytest.param(10, marks=pytest.mark.slow)])
+def test_lightning_ddp_killed_and_resumed_trains_each_window_once_an_epoch(
+        tmp_path: Path, kills: int) -> None:
+    """Lightning ``Trainer(strategy="ddp")``, checkpointing every step, killed
+    (no clean shutdown) at ``kills`` random steps across 3 epochs and run
+    again from its last checkpoint (``ckpt_path``) each time: on 2 ranks,
+    then on 1 from the middle kill on. The steps each run trained before the
+    next one's checkpoint, together, train every window of each epoch once
+    (a padded rank's repeats aside)."""
+    store, series = _store(tmp_path)
     script = tmp_path / "fit.py"
     script.write_text(_LIGHTNING_PREEMPTED)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "MASTER_ADDR": "127.0.0.1"}
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    for run, kill_at in enumerate((14, -1)):
+    at = sorted(np.random.default_rng(kills).choice(np.arange(1, 28), kills,
+                                                    replace=False).tolist())
+    runs = []
+    for run, kill_at in enumerate([*at, -1]):
+        devices = 2 if run <= kills // 2 else 1
         port = str(29_000 + (os.getpid() + 7 * run) % 400)
-        proc = subprocess.run([sys.executable, str(script), str(store.path), f"{out}{run}",
-                               str(ckpt), str(kill_at), str(devices[run])],
+        out = tmp_path / f"out{run}"
+        proc = subprocess.run([sys.executable, str(script), str(store.path), str(out),
+                               str(tmp_path / "ckpt"), str(kill_at), str(devices)],
                               env={**env, "MASTER_PORT": port},
                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert proc.returncode == (9 if run == 0 else 0), proc.stderr[-3000:]
-    return out
-
-
-def _steps_of(path: str) -> list[Any]:
-    """What each step a rank trained: [epoch, global step, the batch's rows]."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
-
-
-def test_lightning_ddp_resumes_mid_epoch_from_its_checkpoint(tmp_path: Path) -> None:
-    """Per epoch, the steps up to the checkpoint and those after it train
-    every window once between the ranks."""
-    store, series = _store(tmp_path)
-    out = _preempted_lightning(tmp_path, store, (2, 2))
-    steps_per_epoch = None
-    for rank in (0, 1):
-        first, second = _steps_of(f"{out}0.{rank}"), _steps_of(f"{out}1.{rank}")
-        assert min(step for _, step, _ in second) == 12  # Lightning goes on after the checkpoint
-        kept = [(e, s, b) for e, s, b in first if s < 12] + second
-        seen = [(e, b) for e, _, b in kept]
-        steps_per_epoch = steps_per_epoch or sum(1 for e, _ in seen if e == 0)
-        assert 0 < 12 - steps_per_epoch < steps_per_epoch  # the checkpoint is inside epoch 1
-        Path(f"{out}.{rank}").write_text(json.dumps({"rank": rank, "seen": seen}))
-    _check(series, [Path(f"{out}.0"), Path(f"{out}.1")])
-
-
-def test_lightning_ddp_resumes_mid_epoch_on_fewer_ranks(tmp_path: Path) -> None:
-    """Saved on 2 ranks, resumed on 1 from the same checkpoint: per epoch,
-    every window once (a padded rank's repeated window aside)."""
-    store, series = _store(tmp_path)
-    out = _preempted_lightning(tmp_path, store, (2, 1))
+        assert proc.returncode == (9 if kill_at >= 0 else 0), proc.stderr[-3000:]
+        runs.append([step for rank in range(devices)
+                     for step in _steps_of(Path(f"{out}.{rank}"))])
+    trained = []
+    for run, steps in enumerate(runs):  # what each run trained before the next one's start
+        goes_on = min(s for _, s, _ in runs[run + 1]) if run + 1 < len(runs) else 1 << 30
+        if run > 0:
+            assert min(s for _, s, _ in steps) == at[run - 1]  # from the last checkpoint
+        trained += [step for step in steps if step[1] < goes_on]
     x, _ = oracle_windows(series, SPEC)
-    want = [tuple(np.round(row, 4)) for row in x.reshape(len(x), -1).tolist()]
-    resumed = _steps_of(f"{out}1.0")
-    assert min(step for _, step, _ in resumed) == 12  # Lightning goes on after the checkpoint
-    steps = [s for rank in (0, 1) for s in _steps_of(f"{out}0.{rank}") if s[1] < 12] + resumed
-    for epoch in range(EPOCHS):
-        rows = [tuple(np.round(row, 4)) for e, _, batch in steps if e == epoch for row in batch]
-        assert set(rows) == set(want), f"windows missing from epoch {epoch}"
-        assert len(rows) - len(want) <= 2, f"windows read twice in epoch {epoch}"
+    want = {tuple(np.round(row, 4)) for row in x.reshape(len(x), -1).tolist()}
+    for epoch in range(3):
+        rows = [tuple(np.round(row, 4)) for e, _, batch in trained if e == epoch
+                for row in batch]
+        assert set(rows) == want, f"windows missing from epoch {epoch}"
+        assert len(rows) - len(want) <= 2 * (kills + 1), f"windows twice in epoch {epoch}"
 
 
 _ACCELERATE_PREEMPTED = textwrap.dedent("""
