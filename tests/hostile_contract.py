@@ -348,11 +348,14 @@ def _truncate(root: Path, files: list[str]) -> None:
 
 
 def _link(root: Path, files: list[str]) -> None:
+    """A data file replaced by a link (followed, as a DVC checkout's are) to
+    a copy with other bytes: the link brings in nothing the checks pass."""
     path = root / files[0]
     copy = root.parent / f"{root.name}-copy-{path.name}"
     shutil.copyfile(path, copy)
     path.unlink()
     path.symlink_to(copy)
+    _flip(root, files)
 
 
 def _nested(root: Path, fmt: str) -> None:
@@ -459,7 +462,7 @@ MUTATIONS: dict[str, Mutation] = {
     "bit flip, checksums recomputed": data_edit(_flip, rehash=True),
     "truncated": data_edit(_truncate, rehash=False),
     "truncated, sizes recomputed": data_edit(_truncate, rehash=True),
-    "data file a link": data_edit(_link, rehash=False),
+    "data file a link to other bytes": data_edit(_link, rehash=False),
     "data file missing": data_edit(lambda root, files: (root / files[0]).unlink(),
                                    rehash=False),
 }
@@ -619,19 +622,20 @@ class HostileStoreTests:
                  "tfrecord": "do not match the digest"}[fmt]
         expect_errors(store, change, match)
 
-    # -- block checks: links -----------------------------------------------------------------------
-    def test_a_data_file_replaced_by_a_link_after_open_is_refused(self, store: Path, fmt: str,
-                                                                   tmp_path: Path) -> None:
+    # -- block checks: links ---------------------------------------------------------------------
+    def test_a_data_file_replaced_by_a_link_to_a_fifo_after_open_is_refused(
+            self, store: Path, fmt: str, tmp_path: Path) -> None:
+        """Links are followed (a DVC or git-annex checkout); what they lead to
+        must be a regular file, checked whenever a reader opens the file."""
         name = {"zarr": "data/c/1/0", "parquet": "data/part-00000.parquet",
                 "tfrecord": "data/part-00000-of-00004.tfrecord"}
 
         def change(p: Path) -> None:
-            target = tmp_path / "elsewhere"
-            shutil.copyfile(p / name[fmt], target)  # the same bytes, but not the store's file
+            os.mkfifo(tmp_path / "fifo")
             (p / name[fmt]).unlink()
-            (p / name[fmt]).symlink_to(target)
+            (p / name[fmt]).symlink_to(tmp_path / "fifo")
 
-        expect_errors(store, change, "is a link", after_open=True)
+        expect_errors(store, change, "is not a regular file (a FIFO)", after_open=True)
 
     # -- block checks: a store replaced while it is read -------------------------------------------
     def test_blocks_of_a_replacing_store_on_s3_are_never_mixed(

@@ -37,7 +37,7 @@ MAX_MANIFEST_BYTES = 256 << 20
 
 
 def read_manifest_bytes(root: Path) -> bytes:
-    """The bytes of ``root/windowkit.json`` (a regular file, not a link)."""
+    """The bytes of ``root/windowkit.json`` (a regular file, or a link to one)."""
     path = root / MANIFEST_NAME
     if is_remote(root):
         return _read_remote_manifest(root)
@@ -47,7 +47,7 @@ def read_manifest_bytes(root: Path) -> bytes:
         raise NotAStoreError(f"{root}: is a file, not a windowkit store (a store is a "
                              "directory that windowkit convert writes)")
     try:
-        info = os.lstat(path)
+        info = os.stat(path)  # through a link (a DVC or git-annex checkout) too
     except FileNotFoundError:
         raise NotAStoreError(f"{root}: not a windowkit store (no {MANIFEST_NAME})") from None
     error = not_regular(path, info.st_mode)

@@ -14,10 +14,13 @@ Every request windowkit makes of object storage is given up after its
 that stops answering is one :class:`~windowkit.errors.StoreUnreachableError`
 line naming the URL and the timeouts, never a wait without end.
 
-Local store files are opened without blocking and without following a link
-(:func:`open_regular`), and checked before a library opens them
-(:func:`refuse_special`): a FIFO, a device or a directory in place of a file
-is one line, never a read that waits forever.
+Local store files are opened without blocking (:func:`open_regular`), and
+checked before a library opens them (:func:`refuse_special`): links are
+followed (a store behind a symlink, a DVC or git-annex checkout), and what a
+path leads to must be a regular file: a FIFO, a device, a socket or a
+directory in its place is one line, never a read that waits forever. (Every
+block read is checked against its digest, so a link cannot bring in other
+rows.)
 """
 
 from __future__ import annotations
@@ -321,12 +324,13 @@ def not_regular(path: str | os.PathLike[str], mode: int) -> StoreError | None:
 
 
 def refuse_special(path: str | os.PathLike[str]) -> None:
-    """One :class:`StoreError` line when the local ``path`` is there but is not
-    a regular file (a FIFO, a device, a directory, a link): what is checked
-    before a library (pyarrow, zarr) opens it, as an open of a FIFO waits for a
-    writer forever. Nothing when it is not there: the opener says so."""
+    """One :class:`StoreError` line when the local ``path`` is there but leads
+    (through any links) to something other than a regular file (a FIFO, a
+    device, a socket, a directory): what is checked before a library (pyarrow,
+    zarr) opens it, as an open of a FIFO waits for a writer forever. Nothing
+    when it is not there: the opener says so."""
     try:
-        mode = os.lstat(path).st_mode
+        mode = os.stat(path).st_mode
     except OSError:
         return
     error = not_regular(path, mode)
@@ -335,19 +339,17 @@ def refuse_special(path: str | os.PathLike[str]) -> None:
 
 
 def open_regular(path: str | os.PathLike[str]) -> int:
-    """A descriptor of the local regular file ``path``, opened for reading
-    without blocking (a FIFO's open waits for a writer) and without following
-    a link, then checked (``fstat``): anything but a regular file is one
+    """A descriptor of the local file ``path`` (links followed), opened for
+    reading without blocking (a FIFO's open waits for a writer), then checked
+    (``fstat`` of what was opened): anything but a regular file is one
     :class:`StoreError` line, never a wait. (The non-blocking flag changes
     nothing for a regular file's reads.)"""
-    flags = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-             | getattr(os, "O_CLOEXEC", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StoreError(f"{path}: is a link; a store's files must be its own (refused, "
-                             "not followed)") from None
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a socket cannot be opened
+            refuse_special(path)
         raise StoreError(f"{path}: cannot open ({exc.strerror or exc})") from exc
     try:
         error = not_regular(path, os.fstat(fd).st_mode)

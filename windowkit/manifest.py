@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -304,9 +303,10 @@ class Manifest(Strict):
 
     @classmethod
     def read(cls, root: Path) -> Manifest:
-        """The validated manifest of the store at ``root``; its files must not be links."""
+        """The validated manifest of the store at ``root``; its files must lead
+        to regular files."""
         manifest = cls.parse(read_manifest_bytes(root), str(root / MANIFEST_NAME))
-        refuse_links(root, manifest.file_keys())
+        refuse_special_files(root, manifest.file_keys())
         return manifest
 
 
@@ -332,28 +332,21 @@ def check_statistics(stats: Statistics, where: str, dtype: str, values: int) -> 
                              f"({high - low}), or so small that 1/std overflows {compute.__name__}")
 
 
-def refuse_links(root: Path, paths: list[str]) -> None:
-    """Raise if any of ``paths`` (relative to ``root``) or a directory on the way
-    is a symbolic link (a store never holds links, and one could lead outside),
-    or if one of them is there but is not a regular file (a FIFO, a device or a
-    directory, which a reader would wait on forever or fail to read)."""
+def refuse_special_files(root: Path, paths: list[str]) -> None:
+    """Raise if one of ``paths`` (relative to ``root``) is there but does not
+    lead to a regular file (a FIFO, a device, a socket or a directory, which a
+    reader would wait on forever or fail to read). Links are followed (a store
+    behind a symlink, a DVC or git-annex checkout): what they lead to is
+    checked here, and every block read from it against its digest."""
     if is_remote(root):
         return  # object storage has no links
-    seen: set[str] = set()
     for relative in paths:
-        parts = relative.split("/")
-        for depth in range(1, len(parts) + 1):
-            step = "/".join(parts[:depth])
-            if step in seen:
-                continue
-            seen.add(step)
-            try:
-                mode = os.lstat(root / step).st_mode
-            except FileNotFoundError:
-                break  # reported by verify, and by a reader that needs it
-            if stat.S_ISLNK(mode):
-                raise StoreError(f"{root / step}: is a symbolic link; a store's files are "
-                                 "never links (one could lead outside the store)")
-            error = not_regular(root / step, mode) if depth == len(parts) else None
-            if error is not None:
-                raise error
+        try:
+            mode = os.stat(root / relative).st_mode
+        except FileNotFoundError:
+            continue  # reported by verify, and by a reader that needs it
+        except OSError as exc:  # a loop of links, no permission
+            raise StoreError(f"{root / relative}: cannot read ({exc.strerror or exc})") from exc
+        error = not_regular(root / relative, mode)
+        if error is not None:
+            raise error

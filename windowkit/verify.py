@@ -1,7 +1,7 @@
 """``windowkit verify``: re-check a store against its manifest.
 
 The manifest must pass the schema every reader checks (types, ranges, paths
-inside the store, no links); every file it lists must exist with its recorded
+inside the store); every file it lists must exist with its recorded
 size and SHA-256, and no other file may be there; the series table and every
 index table must pass the checks readers apply (columns and types, each window
 inside its series and its split's rows, of the store's length, sorted, each
@@ -9,7 +9,8 @@ once); and every storage block is decoded through the format's row reader, so
 that its own checks (codec checksums, the block's digest, its rows' series and
 positions) run on all of it, and on every halo (the rows after a block that
 its windows reach) as readers read it (``fast=True`` skips the decoding). Nothing is
-written, and no link is followed.
+written. Links are followed as readers follow them (a store behind a symlink,
+a DVC or git-annex checkout): each must lead to a regular file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from windowkit._progress import progress_bar
 from windowkit._walk import walk_files
 from windowkit.errors import NotAStoreError, StoreError, WindowkitError
 from windowkit.formats import get_format
-from windowkit.location import is_remote, list_objects, resolve
+from windowkit.location import is_remote, list_objects, not_regular, resolve
 from windowkit.manifest import CHECKSUM, MANIFEST_NAME, Manifest, file_digest
 
 if TYPE_CHECKING:
@@ -32,10 +33,10 @@ DECODED_BYTES = 64 << 20  # rows decoded at a time
 
 
 def _walk(root: Path) -> list[tuple[str, bool]]:
-    """Every file under ``root``, relative, and whether it is a link (object
-    storage has none)."""
+    """Every file under ``root`` (links followed, as readers follow them),
+    relative, and whether it is a link (object storage has none)."""
     if not is_remote(root):
-        return list(walk_files(root))
+        return list(walk_files(root, follow_links=True))
     return [(name, False) for name in sorted(list_objects(root))]
 
 
@@ -68,8 +69,9 @@ def _check_files(root: Path, manifest: Manifest, progress: bool) -> list[str]:
     listed = dict(zip(manifest.file_keys(), manifest.files, strict=True))  # by key under root
     present = set()
     for relative, is_link in _walk(root):
-        if is_link:
-            problems.append(f"{root / relative}: is a symbolic link (a store holds none)")
+        problem = _not_a_file(root / relative) if is_link else None
+        if problem is not None:
+            problems.append(problem)
         elif relative != MANIFEST_NAME:
             present.add(relative)
     for extra in sorted(present - set(listed)):
@@ -90,6 +92,17 @@ def _check_files(root: Path, manifest: Manifest, progress: bool) -> list[str]:
             if file_digest(file, bar.update) != entry.sha256:
                 problems.append(f"{file}: checksum differs from the manifest ({CHECKSUM})")
     return problems
+
+
+def _not_a_file(link: Path) -> str | None:
+    """What is wrong with a link in a store (a DVC or git-annex checkout, a
+    linked directory), or None when it leads to a regular file."""
+    try:
+        mode = os.stat(link).st_mode
+    except OSError as exc:
+        return f"{link}: is a link that leads to nothing readable ({exc.strerror or exc})"
+    error = not_regular(link, mode)
+    return None if error is None else str(error)
 
 
 def _check_tables(root: Path, manifest: Manifest, *, progress: bool, decode: bool) -> None:

@@ -26,7 +26,7 @@ from tests.conftest import collect_epoch
 from tests.helpers import random_series
 from windowkit.cli import main
 from windowkit.errors import carried_error
-from windowkit.formats._checks import read_file, refuse_link
+from windowkit.formats._checks import read_file, check_regular
 from windowkit.location import open_parquet, read_ranges
 from windowkit.manifest import file_digest
 from windowkit.verify import verify_store
@@ -212,7 +212,7 @@ def test_the_opening_helpers_never_block(pristine: dict[str, Path], tmp_path: Pa
         (root / "blocks.xxh3", lambda p: read_file(p, 1 << 20)),
         (root / "data/part-00000-of-00001.tfrecord", lambda p: read_ranges([p], [0], [16])),
         (root / "data/records.parquet", open_parquet),
-        (root / "data/records.parquet", refuse_link),
+        (root / "data/records.parquet", check_regular),
         (root / "blocks.xxh3", file_digest),
     ]
     with no_hang(root):

@@ -37,7 +37,7 @@ from windowkit.conversion._remote import (
     upload_store,
     workspace_prefix,
 )
-from windowkit.conversion._target import check_target, finished_manifest
+from windowkit.conversion._target import check_target, finished_manifest, through_link
 from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import (
     DEFAULT_PART_BYTES,
@@ -217,7 +217,8 @@ def _convert(source: SourceLike, target: AnyPath, options: ConvertOptions,
     pins = SourcePins.of(source_files(source))  # before reading a byte of them
     series = [] if is_table(source) else _open_arrays(source, options.table)
     if not is_remote(target):
-        _convert_local(source, target, options, series, pins, overwrite=overwrite)
+        _convert_local(source, through_link(target), options, series, pins,
+                       overwrite=overwrite)
         return open_store(target)
     with remote_lock(target):
         replaced = check_remote_target(target, overwrite=overwrite)

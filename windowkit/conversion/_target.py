@@ -1,14 +1,19 @@
 """What a conversion may write, replace and delete at its target: nothing that
 windowkit did not write, and nothing that would not open as a store.
 
-The target is never a link, never holds a source and is never the current
-directory (or one holding it): a store is published by renaming a directory
-into place, and only with a manifest that passes the open-time validation.
+A target that is a symbolic link to a directory (a store kept on another
+disk) is written where the link leads, under the same rules; the link itself
+stays. The target never holds a source and is never the current directory
+(or one holding it): a store is published by renaming a directory into
+place, and only with a manifest that passes the open-time validation.
 ``--overwrite`` replaces only an empty directory or a windowkit store whose
 manifest passes that validation and whose every file it lists at its recorded
-size (anything else: refused, nothing touched). The old store is moved aside,
-and each of its files is deleted only while its size and SHA-256 still match
-its manifest; a file changed (or added) since is kept, and named in a warning.
+size (anything else: refused, nothing touched). A store file may be a link to
+its content (a DVC or git-annex checkout). The old store is moved aside, and
+each of its files is deleted only while its size and SHA-256 still match its
+manifest: a link is removed, never what it leads to (a DVC or git-annex
+cache keeps its content); a file changed (or added) since is kept, and named
+in a warning.
 """
 
 from __future__ import annotations
@@ -65,9 +70,9 @@ def _foreign_content(directory: Path) -> str | None:
     for relative, is_link in walk_files(directory):
         if relative == MANIFEST_NAME:
             continue
-        if is_link or relative not in sizes:
+        if relative not in sizes or (is_link and not os.path.isfile(directory / relative)):
             return f"it holds {relative!r}, which windowkit did not write"
-        if os.lstat(directory / relative).st_size != sizes[relative]:
+        if os.stat(directory / relative).st_size != sizes[relative]:  # through a link too
             return f"{relative!r} was changed since windowkit wrote it"
     return None
 
@@ -89,14 +94,28 @@ def finished_manifest(out: Path) -> Manifest | None:
     return store_manifest(out) if is_finished_store(out) else None
 
 
+def through_link(out: Path) -> Path:
+    """Where a store named ``out`` is written: ``out``, or the directory it
+    links to (a store kept on another disk: the rules below then apply to that
+    directory, and the link stays). A link to anything else is one line."""
+    if not os.path.islink(out):
+        return out
+    real = Path(os.path.realpath(out))
+    if not real.is_dir():
+        raise StoreExistsError(f"{out}: is a symbolic link to {real}, which is not a "
+                               "directory; a store is written through a link only to a "
+                               "directory (a windowkit store, or an empty one)")
+    return real
+
+
 def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> None:
     """Refuse a target that is a link, holds a source, is the current directory
     (or holds it), or is not empty and may not be replaced: only a valid
     windowkit store or an empty directory may be, with ``overwrite``. Nothing
     is changed."""
-    if os.path.islink(out):
-        raise StoreExistsError(f"{out}: is a symbolic link; windowkit writes a store only "
-                               "to a real directory (it follows no links)")
+    if os.path.islink(out):  # a link swapped in after through_link()
+        raise StoreExistsError(f"{out}: is a symbolic link; name the directory it leads "
+                               "to, or run again")
     real_out = os.path.realpath(out)
     for source in sources:
         real = os.path.realpath(source)
@@ -178,10 +197,10 @@ def remove_store(directory: Path, out: Path) -> None:
     for key, entry in entries:
         path = directory / key
         with contextlib.suppress(FileNotFoundError):
-            info = os.lstat(path)
+            info = os.stat(path)  # a link: what it leads to, which is never deleted
             if (stat.S_ISREG(info.st_mode) and info.st_size == entry.bytes
                     and file_digest(path) == entry.sha256):
-                os.unlink(path)
+                os.unlink(path)  # a link: the link alone
     if manifest is not None:
         os.unlink(directory / MANIFEST_NAME)
     for folder, _, _ in sorted(os.walk(directory), key=lambda item: -len(item[0])):

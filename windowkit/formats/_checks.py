@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import os
-import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -155,32 +154,26 @@ def _unreachable(error: BaseException | None) -> bool:
     return False
 
 
-def _no_link(where: str | Path, *, regular: bool = False) -> None:
+def check_regular(path: Path | str) -> None:
+    """A local data file must lead (through any links: a store behind a
+    symlink, a DVC or git-annex checkout) to a regular file, not a FIFO, a
+    device, a socket or a directory (a FIFO would block its reader forever):
+    one line if not. What is checked before a library opens the file; every
+    block read from it is then checked against its digest."""
+    if is_remote(path):
+        return
     try:
-        mode = os.lstat(where).st_mode
+        mode = os.stat(path).st_mode
     except OSError as exc:
-        raise StoreError(f"{where}: cannot read ({exc.strerror or exc})") from exc
-    if stat.S_ISLNK(mode):
-        raise StoreError(f"{where}: is a link; a store's files must be its own "
-                         "(refused, not followed)")
-    error = not_regular(where, mode) if regular else None
+        raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    error = not_regular(path, mode)
     if error is not None:
         raise error
 
 
-def refuse_link(path: Path) -> None:
-    """A local data file must be a regular file (not a link, a FIFO, a device or
-    a directory: a FIFO would block its reader forever), and its directory not
-    a link: one line if not. What is checked before a library opens the file."""
-    if is_remote(path):
-        return
-    _no_link(path.parent)
-    _no_link(path, regular=True)
-
-
 def read_file(path: Path, limit: int) -> bytes:
     """The bytes of a data file, at most ``limit`` (else one line): a local file
-    is opened without following a link, and must be a regular file."""
+    must lead to a regular file (:func:`~windowkit.location.open_regular`)."""
     if not is_remote(path):
         return read_local(str(path), limit)
     try:
@@ -196,11 +189,9 @@ def read_file(path: Path, limit: int) -> bytes:
 
 def read_local(path: str, limit: int) -> bytes:
     """:func:`read_file` of a local file named by a string (what a reader of
-    many small files calls per file: no ``pathlib``): its directory must not be
-    a link, and it is opened with :func:`~windowkit.location.open_regular` (no
-    link followed, never blocking: a FIFO or a directory is one line), then
-    read outside the interpreter lock."""
-    _no_link(os.path.dirname(path) or ".")
+    many small files calls per file: no ``pathlib``), opened with
+    :func:`~windowkit.location.open_regular` (links followed, never blocking:
+    a FIFO or a directory is one line), then read outside the interpreter lock."""
     fd = open_regular(path)
     try:
         blob = os.pread(fd, limit + 1, 0)

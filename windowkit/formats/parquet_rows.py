@@ -23,14 +23,14 @@ import pyarrow.parquet as pq
 from pydantic import Field, ValidationInfo, model_validator
 
 from windowkit._schema import Name
-from windowkit.errors import StoreError
+from windowkit.errors import StoreError, StoreUnreachableError
 from windowkit.formats._checks import (
     BlockDigester,
     CheckedReader,
     ask_guard,
+    check_regular,
     checked,
     in_threads,
-    refuse_link,
     write_digests,
 )
 from windowkit.formats.base import (
@@ -181,13 +181,15 @@ class ParquetRowReader(RowReader):
         path = self._root / entry["path"]
         first_open = i not in self._known
         known = self._known.get(i, {})
-        refuse_link(path)
+        check_regular(path)
         try:
             handle = open_parquet(path, known=known, page_checksum_verification=True)
+        except StoreUnreachableError:
+            raise  # one line already, naming the URL and the timeouts
         except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
             ask_guard(self._setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{path}: cannot open Parquet file ({exc})") from exc
-        refuse_link(path)  # checked again after the open: no link was swapped in
+        check_regular(path)  # checked again after the open: nothing else was swapped in
         self._setup.check_store()  # after the open: the handle reads this store's file
         if first_open:  # what the file holds: checked once
             self._check_schema(path, handle.schema_arrow)
@@ -268,6 +270,8 @@ class ParquetRowReader(RowReader):
                                       page_checksum_verification=True)
                 self._setup.check_store()  # after the read: the bytes were this store's
             table = handle.read_row_groups(list(range(first, last + 1)), columns=self._columns)
+        except StoreUnreachableError:
+            raise  # one line already, naming the URL and the timeouts
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
             ask_guard(self._setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{path}: cannot read {which} ({exc})") from exc

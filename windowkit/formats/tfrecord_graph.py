@@ -23,9 +23,14 @@ store tag, series, rows, halo and step shape against the records table, and
 its bytes of rows. A failed check is one windowkit error naming the part,
 record and byte, or the store replaced (:func:`windowkit.formats.base.graph_check`);
 the per-block digests are checked by the caller, on the rows returned. Done
-in Python once, when the dataset is built, not at every read: the records
-table, no part is a link, the store guard (in the graph, the manifest is read
-again only when a check fails).
+in Python once, when the dataset is built: the records table, the store guard
+(in the graph, the manifest is read again only when a check fails). Done in
+Python at every group read, before TensorFlow opens a part by name: that each
+part it reads leads (through any links) to a regular file, so a part swapped
+for a FIFO, a socket or a directory after the dataset was built is one line,
+never a reader waiting forever. (:meth:`TFRecordGraphReader.pieces`, what a
+tf.data service worker runs, has TensorFlow alone there: its parts are checked
+when the dataset is built.)
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import StoreError
-from windowkit.formats._checks import ask_guard, refuse_link
+from windowkit.formats._checks import ask_guard, check_regular
 from windowkit.formats.base import ReaderSetup, graph_check, noinline, store_tag
 from windowkit.formats.tfrecord_io import (
     HEADER_BYTES,
@@ -47,7 +52,7 @@ from windowkit.formats.tfrecord_io import (
     check_header,
     unframe_record,
 )
-from windowkit.location import open_regular
+from windowkit.location import open_regular, refuse_special
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -211,7 +216,7 @@ class RecordBlocks:
                              "blocks")
         paths = [root / part["path"] for part in data["shards"]]
         for path in paths:
-            refuse_link(path)
+            check_regular(path)
         every = np.arange(layout.num_blocks)
         first = np.searchsorted(block_of, every)
         count = np.searchsorted(block_of, every, side="right") - first
@@ -274,6 +279,11 @@ class RecordBlocks:
         run = tf.cumsum(tf.cast(new, tf.int64)) - 1
         starts = tf.reshape(tf.where(new), [-1])
         heads = tf.gather(part, starts)
+        checked = tf.numpy_function(  # before TensorFlow opens them by name: no FIFO
+            regular_parts, [tf.gather(self._paths, tf.unique(heads).y)], tf.bool,
+            stateful=True)
+        with tf.control_dependencies([checked]):
+            heads = tf.identity(heads)
         count = tf.math.unsorted_segment_sum(tf.ones_like(records), run, tf.size(starts))
         source = tf.data.Dataset.from_tensor_slices((
             tf.gather(self._patterns, heads), tf.gather(self._paths, heads),
@@ -337,6 +347,14 @@ class RecordBlocks:
             return tf.identity(got["data"])
 
 
+def regular_parts(paths: np.ndarray) -> np.bool_:
+    """Each of ``paths`` (bytes) that is there leads to a regular file, else one
+    :class:`StoreError` line naming it (a missing part is named by the read)."""
+    for path in paths:
+        refuse_special(os.fsdecode(path))
+    return np.bool_(True)
+
+
 def _run(pattern: tf.Tensor, path: tf.Tensor, offset: tf.Tensor, count: tf.Tensor,
          size: tf.Tensor) -> tf.data.Dataset:
     """The ``count`` records from byte ``offset`` of the part at ``path``.
@@ -396,8 +414,8 @@ def check_headers(paths: list[Path], table: Any, records: np.ndarray, setup: Rea
 
 
 class _PartFiles:
-    """The parts of a store opened for reading (not following a link, never
-    waiting on a FIFO), each a regular file, for :func:`check_headers`."""
+    """The parts of a store opened for reading (never waiting on a FIFO), each
+    leading to a regular file, for :func:`check_headers`."""
 
     def __init__(self, paths: list[Path], parts: list[int], setup: ReaderSetup) -> None:
         self._paths, self._parts, self._setup = paths, parts, setup

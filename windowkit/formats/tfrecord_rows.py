@@ -31,13 +31,13 @@ from google.protobuf.message import DecodeError
 from pydantic import Field, ValidationInfo, model_validator
 
 from windowkit._schema import Count, Positive, StorePath, context_value
-from windowkit.errors import StoreError
+from windowkit.errors import StoreError, StoreUnreachableError
 from windowkit.formats._checks import (
     BlockDigester,
     CheckedReader,
     ask_guard,
+    check_regular,
     checked,
-    refuse_link,
     write_digests,
 )
 from windowkit.formats.base import (
@@ -201,12 +201,14 @@ class RecordTable:
     most a block plus its halo, and together every row once."""
 
     def __init__(self, path: Path, *, parts: int, setup: ReaderSetup) -> None:
-        refuse_link(path)
+        check_regular(path)
         try:
             file = open_parquet(path, page_checksum_verification=True)
             table = file.read()
             self.columns = {name: table.column(name).to_numpy().astype(np.int64, copy=False)
                             for name in _RECORD_COLUMNS}
+        except StoreUnreachableError:
+            raise  # one line already, naming the URL and the timeouts
         except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
             ask_guard(setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{path}: cannot read the TFRecord record table ({exc})") from exc
@@ -313,14 +315,16 @@ class TFRecordRowReader(RowReader):
         starts = [int(offset[run[0]]) for run in runs]
         stops = [int(offset[run[-1]] + size[run[-1]]) for run in runs]
         for path in set(paths):
-            refuse_link(path)
+            check_regular(path)
         try:
             blobs = read_ranges(paths, starts, stops)
+        except StoreUnreachableError:
+            raise  # one line already, naming the URL and the timeouts
         except OSError as exc:
             ask_guard(self._setup)  # a replaced store says so, never "corrupt"
             raise StoreError(f"{paths[0]}: cannot read part ({exc})") from exc
-        for path in set(paths):  # checked again after the read: no link was swapped in
-            refuse_link(path)
+        for path in set(paths):  # checked again after the read: nothing else swapped in
+            check_regular(path)
         self._setup.check_store()  # after the read: the bytes read were this store's
         stored: dict[int, bytes] = {}
         for run, blob, start in zip(runs, blobs, starts, strict=True):
