@@ -4,7 +4,8 @@ A store is untrusted input. :class:`Manifest` is the schema and the manifest
 at once (a pydantic model: exact types, ranges, and sizes consistent with each
 other and with the files it lists); :meth:`Manifest.read` validates a store's,
 requires every path in it to be relative, normalized and inside the store, and
-refuses a store whose files are symbolic links. Opening never writes; a new
+every file it lists to lead (through any links: a DVC or git-annex checkout) to
+a regular file. Opening never writes; a new
 manifest is validated the same way before it is written (:meth:`Manifest.of`).
 
 Every conversion gets a *store id*, a digest of everything the store's bytes

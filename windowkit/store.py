@@ -55,8 +55,9 @@ def open_store(path: str | os.PathLike[str], *,
     filesystem, as in pandas and zarr).
 
     The store is read as untrusted input: its manifest is validated first
-    (types, ranges, paths inside the store, no symbolic links), and opening
-    never writes."""
+    (types, ranges, paths inside the store, each file leading to a regular
+    file: links are followed, every block checked against its digest), and
+    opening never writes."""
     return Store(resolve(path, storage_options))
 
 
