@@ -1,4 +1,4 @@
-"""Requests to object storage, each given up after a stated time.
+"""Requests to object storage, each given up once its server is silent for a stated time.
 
 botocore and s3fs retry a request that timed out, each in its own loop (s3fs
 around botocore, and around itself when it reads a body), so a server that
@@ -9,6 +9,13 @@ included), counted from when the request has a connection to go out on (see
 :func:`_gate`), not while it waits for one. A server that gives no answer in
 that time is one :class:`~windowkit.errors.StoreUnreachableError` line naming
 the URL and the timeouts.
+
+The limit is on silence, not on a whole transfer: a read from S3 is read as
+its bytes come (:func:`_watched_read`), each byte starting the limit again, so
+a slow link that keeps sending reads however long the answer (a merged read
+of many blocks), as botocore's read timeout counts time between bytes. A read
+on another filesystem, whose bytes cannot be watched, gets a limit that grows
+with its size (:data:`SLOWEST_RATE`).
 
 The timeouts are those of the URL's storage options (``config_kwargs``, as
 botocore takes them: ``connect_timeout``, ``read_timeout``), else of the
@@ -36,6 +43,10 @@ TIMEOUT_VARIABLES = {"connect_timeout": "WINDOWKIT_CONNECT_TIMEOUT",
 #: What botocore and aiohttp raise when a timeout ran out.
 TIMEOUTS = ("ReadTimeoutError", "ConnectTimeoutError", "ServerTimeoutError")
 POOL_CONNECTIONS = 10  # botocore's max_pool_connections, unless config_kwargs says
+BODY_READ = 1 << 20  # bytes of an answer read at a time (a read ends with the bytes come)
+#: Bytes a second that the limit of a read whose bytes cannot be watched coming
+#: allows for (a filesystem other than s3fs): its limit grows with its size.
+SLOWEST_RATE = 16 << 10
 
 
 def _seconds(given: object, where: str) -> float:
@@ -54,7 +65,8 @@ class Timeouts:
     """How long object storage is waited for: ``connect`` seconds to connect,
     ``read`` seconds for an answer (per attempt, as botocore's
     ``connect_timeout`` and ``read_timeout``). A request windowkit makes is given
-    up after :attr:`limit` seconds, whatever retries botocore and s3fs make."""
+    up once it has gone :attr:`limit` seconds without a byte of its answer,
+    whatever retries botocore and s3fs make."""
 
     connect: float = CONNECT_TIMEOUT
     read: float = READ_TIMEOUT
@@ -78,8 +90,8 @@ class Timeouts:
 
     @property
     def limit(self) -> float:
-        """Seconds after which a request is given up, retries included: a read
-        timeout and a connect timeout (of at most 30 s)."""
+        """Seconds without a byte of its answer after which a request is given
+        up, retries included: a read timeout and a connect timeout (of at most 30 s)."""
         return self.read + min(self.connect, 30.0)
 
     def no_answer(self) -> str:
@@ -161,9 +173,69 @@ def _gate(fs: Any) -> asyncio.Semaphore:
 
 
 async def _within(fs: Any, limit: float, method: str, *args: Any, **kwargs: Any) -> Any:
-    """``fs._<method>(...)``, given up (cancelled) after ``limit`` seconds out."""
+    """``fs._<method>(...)``, given up (cancelled) once it has been out ``limit``
+    seconds without a byte of its answer: an s3fs read is watched as its bytes
+    come (:func:`_watched_read`); another filesystem's read is given ``limit``
+    and the time its bytes take at :data:`SLOWEST_RATE`; any other call ``limit``."""
     async with _gate(fs):
+        if method == "cat_file":
+            if _watchable(fs, *args, **kwargs):
+                return await _watched_read(fs, limit, *args, **kwargs)
+            start, end = kwargs.get("start"), kwargs.get("end")
+            if isinstance(start, int) and isinstance(end, int) and 0 <= start <= end:
+                limit += (end - start) / SLOWEST_RATE
         return await asyncio.wait_for(getattr(fs, f"_{method}")(*args, **kwargs), limit)
+
+
+def _watchable(fs: Any, path: Any = None, start: Any = None, end: Any = None,
+               **rest: Any) -> bool:
+    """Whether a read (``fs.cat_file``'s arguments) is one :func:`_watched_read`
+    makes: of s3fs, with no other options, ``start`` and ``end`` none or >= 0."""
+    return (hasattr(fs, "_call_s3") and hasattr(fs, "split_path") and isinstance(path, str)
+            and not rest and all(v is None or (isinstance(v, int) and v >= 0)
+                                 for v in (start, end)))
+
+
+async def _watched_read(fs: Any, limit: float, path: str, start: int | None = None,
+                        end: int | None = None) -> bytes:
+    """Bytes ``[start, end)`` of the object ``path`` (to its end when None) on
+    s3fs ``fs``, read as they come: given up (``TimeoutError``) once nothing
+    has come for ``limit`` seconds, so a slow link that keeps sending reads. A
+    request that fails (a connection closed mid-answer, botocore's read
+    timeout) is asked again for the bytes still to come, of the same object
+    (its ETag), as often in a row as s3fs retries a request."""
+    from botocore.exceptions import IncompleteReadError
+    from s3fs.core import S3_RETRYABLE_ERRORS, version_id_kw
+
+    bucket, key, version = fs.split_path(path)
+    first = start or 0
+    if end is not None and end <= first:
+        return b""
+    loop = asyncio.get_running_loop()
+    got, same, failures = bytearray(), dict(version_id_kw(version)), 0
+    async with asyncio.timeout(limit) as silence:  # moved on by every byte that comes
+        while True:
+            ask, at = dict(same), first + len(got)
+            if at or end is not None:
+                ask["Range"] = f"bytes={at}-{'' if end is None else end - 1}"
+            try:
+                answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, **ask)
+                if answer.get("ETag"):  # a retry reads on in this object, or fails
+                    same.setdefault("IfMatch", answer["ETag"])
+                body = answer["Body"]
+                try:
+                    while piece := await body.read(BODY_READ):
+                        got += piece
+                        silence.reschedule(loop.time() + limit)
+                        failures = 0
+                finally:
+                    body.close()
+                return bytes(got)
+            except (*S3_RETRYABLE_ERRORS, IncompleteReadError):  # botocore's read timeout too
+                failures += 1
+                if failures >= max(1, int(getattr(fs, "retries", 5))):
+                    raise
+                await asyncio.sleep(min(0.1 * 1.7 ** failures, 15.0))
 
 
 async def _ranges(fs: Any, limit: float, keys: Sequence[str], starts: Sequence[int],

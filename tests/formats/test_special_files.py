@@ -26,7 +26,7 @@ from tests.conftest import collect_epoch
 from tests.helpers import random_series
 from windowkit.cli import main
 from windowkit.errors import carried_error
-from windowkit.formats._checks import read_file, check_regular
+from windowkit.formats._checks import check_regular, read_file
 from windowkit.location import open_parquet, read_ranges
 from windowkit.manifest import file_digest
 from windowkit.verify import verify_store

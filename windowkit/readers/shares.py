@@ -19,6 +19,7 @@ import numbers
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -222,3 +223,23 @@ def windows_left(order: Callable[[np.ndarray], np.ndarray], total: int,
         read_here = np.arange(len(left), dtype=np.int64) - bounds[piece]  # place in piece
         left = np.sort(left[by_piece[read_here >= stop.windows]])
     return left
+
+
+def regrouped(state: dict[str, Any], given: object, batch_size: int, total: int
+              ) -> dict[str, Any]:
+    """The position where a saved state (of a reader of ``state["num_shards"]``
+    shards, over a split of ``total`` windows) stands once each shard had been
+    given ``given`` batches of ``batch_size`` of its epoch, as the saved reader
+    counted them (after its ``lead``): its stops and one more."""
+    stops = list(checked_stops(state.get("stops") or [], total))
+    shards = _bounded("shards", state.get("num_shards"), 1, max(1, total), total)
+    count = _bounded("batches given", given, 0, total, total)
+    read = min(max(0, count - saved_lead(state, total)) * batch_size, total)
+    stops.append(EpochStop(shards, read))
+    return {**state, "stops": [[stop.num_shards, stop.windows] for stop in stops]}
+
+
+def saved_lead(state: dict[str, Any], total: int) -> int:
+    """A saved state's ``lead`` (batches counted before a regrouped epoch's
+    first one), bounded by the split's ``total`` windows; 0 when it has none."""
+    return _bounded("lead", state.get("lead", 0), 0, total, total)

@@ -51,6 +51,8 @@ from windowkit.readers.shares import (
     ShardSequence,
     ShardShare,
     checked_stops,
+    regrouped,
+    saved_lead,
     windows_left,
 )
 from windowkit.stats import Normalizer
@@ -184,7 +186,7 @@ class EpochBatches:
     def lead_in(self, epoch: int) -> int:
         """Batches epoch ``epoch`` counts before its first one (see :meth:`regroup`)."""
         resumed = self._resumed
-        return resumed.lead if resumed is not None and resumed.epoch == epoch else 0
+        return resumed.lead if resumed and resumed.epoch == epoch else 0
 
     def hold(self) -> None:
         """Hold the rows now when batches come from held rows (so that workers
@@ -350,7 +352,7 @@ class EpochBatches:
         check_saved_for(state, self.identity(), keys, what=what)
         assert isinstance(state, dict)
         epoch = check_epoch(state.get("epoch"))
-        lead = self._saved_lead(state)
+        lead = saved_lead(state, self.plan.whole_split.total)
         if state.get("stops") or lead:
             return self.resume({**state, "epoch": epoch}, lead=lead)
         self.adopt_order(saved_order(state, what=what))
@@ -366,25 +368,8 @@ class EpochBatches:
         the epoch."""
         check_saved_for(state, self.identity(), keys, what="state")
         assert isinstance(state, dict)
-        total = self.plan.whole_split.total
-        stops = list(checked_stops(state.get("stops") or [], total))
-        shards = check_int("num_shards", state.get("num_shards"), 1)
-        given = check_int("given", given, 0)
-        if shards > max(1, total) or given > total:
-            raise InvalidSpecError(f"the saved state names {shards} shards and {given} "
-                                   f"batches given; a split of {total} windows has fewer")
-        read = min((max(0, given - self._saved_lead(state))) * self.batch_size, total)
-        stops.append(EpochStop(shards, read))
-        position = {**state, "stops": [[s.num_shards, s.windows] for s in stops]}
-        return self.resume(position, lead=given)
-
-    def _saved_lead(self, state: dict[str, Any]) -> int:
-        """A saved state's lead (:meth:`regroup`), bounded by the split's windows."""
-        lead = check_int("lead", state.get("lead", 0), 0)
-        if lead > self.plan.whole_split.total:
-            raise InvalidSpecError(f"the saved state's lead of {lead} batches is more than "
-                                   f"the split's {self.plan.whole_split.total} windows")
-        return lead
+        position = regrouped(state, given, self.batch_size, self.plan.whole_split.total)
+        return self.resume(position, lead=int(given))
 
     def identity(self) -> dict[str, Any]:
         """What a saved position of this reader is for."""
