@@ -115,6 +115,24 @@ def test_bad_input_is_one_clear_line(npy_dir: Path, concept_format: str, args: l
     assert not (npy_dir / "s").exists()
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--window", "4"], "Missing option '--format'. Choose from: tfrecord, zarr, parquet"),
+    (["--window", "4", "--format", "hdf5"], "'hdf5' is not one of 'tfrecord', 'zarr'"),
+    (["--window", "x", "--format", "zarr"], "'x' is not a valid integer"),
+    (["--window", "4", "--format", "zarr", "--bogus"], "No such option '--bogus'"),
+    (["--format", "zarr"], "Missing option '--window'"),
+])
+def test_every_usage_mistake_is_one_line(npy_dir: Path, args: list[str], message: str) -> None:
+    """Click's usage errors (a missing option, a bad choice or type, an unknown
+    option) are one line naming the option, a choice's choices on that line."""
+    result = run("convert", npy_dir / "a.npy", "--out", npy_dir / "s", *args)
+    assert result.exit_code == 2
+    assert result.output.startswith("windowkit: error: ") and message in result.output, \
+        result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert not (npy_dir / "s").exists()
+
+
 def test_existing_target_is_refused_then_overwritten(npy_dir: Path, concept_format: str) -> None:
     out = npy_dir / "s"
     base = ["convert", npy_dir / "a.npy", "--format", concept_format, "--out", out, "-q"]

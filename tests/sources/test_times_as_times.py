@@ -9,6 +9,7 @@ months, and a DataFrame indexed by its dates."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import warnings
 from pathlib import Path
@@ -222,6 +223,17 @@ def test_max_gap_with_a_unit_keeps_the_windows_within_it(tmp_path: Path, max_gap
     outage = 9 if gap_ns < 3600 * 10**9 else 0  # m2's windows across its hour from 99 to 100
     assert len(expected) == len(frame) - 2 * 9 - outage
     np.testing.assert_array_equal(_windows(wk.open_store(tmp_path / "s")), expected)
+
+
+@pytest.mark.parametrize("max_gap", [pd.Timedelta("30min"), datetime.timedelta(minutes=30),
+                                     np.timedelta64(30, "m"), "30min"],
+                         ids=["pd.Timedelta", "datetime.timedelta", "np.timedelta64", "text"])
+def test_max_gap_takes_every_kind_of_duration(tmp_path: Path, max_gap: object) -> None:
+    frame = _meters()
+    store = wk.convert(frame, tmp_path / "s", format="zarr", window=SPEC, series_col="meter",
+                       time_col="time", columns=["kwh"], max_gap=max_gap)
+    expected = _expected(frame, "meter", "time", "kwh", SPEC, max_gap=1800 * 10**9)
+    np.testing.assert_array_equal(_windows(store), expected)
 
 
 # -- 3. ISO text times from every table source --------------------------------------------

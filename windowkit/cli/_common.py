@@ -107,8 +107,9 @@ class OneLineUsageErrors(click.Group):
         except _NO_ARGS_IS_HELP as exc:  # bare `windowkit`: the help, as usual
             exc.show()
             sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            click.echo(f"windowkit: error: {exc.format_message()}", err=True)
+        except click.ClickException as exc:  # click words some on many lines (choices)
+            message = " ".join(exc.format_message().split())
+            click.echo(f"windowkit: error: {message}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("windowkit: aborted", err=True)

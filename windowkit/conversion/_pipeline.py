@@ -17,6 +17,7 @@ meanwhile stops the conversion (nothing published, the workspace kept).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import shutil
@@ -79,6 +80,7 @@ from windowkit.sources import (
     source_files,
     stage_table,
 )
+from windowkit.sources._times import duration_text
 from windowkit.spec import WindowSpec
 
 if TYPE_CHECKING:
@@ -101,7 +103,7 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             time_col: str | None = None,
             columns: str | Sequence[str] | None = None,
             dtype: str | np.dtype | type | None = None,
-            max_gap: str | int | None = None,
+            max_gap: str | int | datetime.timedelta | None = None,
             splits: str | Mapping[str, float] | None = None, split_by: str = "time",
             split_at: str | Sequence[str | int] | None = None, split_context: str = "none",
             nan: str = "error",
@@ -193,7 +195,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
         part_size, parts = part_options(part_size, parts, shard_size, shards)
         table = TableOptions(one_column("series_col", series_col),
                              one_column("time_col", time_col), column_names("columns", columns),
-                             max_gap, time_format, column_names("static_columns", static_columns),
+                             duration_text(max_gap), time_format,
+                             column_names("static_columns", static_columns),
                              table_dtype(dtype), _header(header))
         options = ConvertOptions.of(
             format=format, window=window_spec(window, stride, sampling_rate, horizon),

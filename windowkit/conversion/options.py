@@ -172,7 +172,8 @@ _ARGUMENT_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "series_col": ((str, Sequence, _NONE), "a column name or None"),
     "time_col": ((str, Sequence, _NONE), "a column name or None"),
     "columns": (_COLUMNS, "a column name, a list of them or None"),
-    "max_gap": ((str, *_INT, _NONE), "a number, a duration such as '5min', or None"),
+    "max_gap": ((str, *_INT, datetime.timedelta, _NONE),
+                "a number, a duration such as '5min' or pd.Timedelta('5min'), or None"),
     "splits": ((str, Mapping, _NONE), "a dict such as {'train': 0.8, 'val': 0.2}, a string "
                "such as 'train=0.8,val=0.2', or None"),
     "split_by": ((str,), "'time' or 'series'"),

@@ -8,6 +8,7 @@ without them when ISO (:mod:`._iso_times`).
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import re
 from collections import Counter
@@ -91,6 +92,17 @@ def check_increasing_points(texts: list[str], cuts: list[int]) -> None:
             raise InvalidSpecError(
                 f"split points must increase, but --split-at gives {texts[k]!r} after "
                 f"{texts[k - 1]!r}; give them in increasing order")
+
+
+def duration_text(value: str | int | datetime.timedelta | None) -> str | int | None:
+    """A duration object (``pd.Timedelta``, ``datetime.timedelta``,
+    ``np.timedelta64``) as the text pandas reads back (``'4 days 00:00:00'``);
+    anything else as it is."""
+    if isinstance(value, datetime.timedelta | np.timedelta64):
+        import pandas as pd
+
+        return str(pd.Timedelta(value))
+    return value  # checked by parse_gap
 
 
 def parse_gap(value: str | int | None, unit: str) -> int | None:
