@@ -61,6 +61,20 @@ def test_chronological_splits_do_not_leak(tmp_path: Path, concept_format: str) -
     np.testing.assert_allclose(stats.min, train.min(axis=0))
 
 
+@pytest.mark.parametrize(("options", "names"), [
+    ({"split_by": "series", "split_at": "1980"}, ('split_by="series"', "split_at")),
+    ({"split_by": "series"}, ('split_by="series"', "splits")),
+])
+def test_split_options_that_contradict_each_other_are_one_line(
+        tmp_path: Path, options: dict[str, str], names: tuple[str, str]) -> None:
+    """Neither silently wins (split_at used to, splitting by time)."""
+    arrays = {f"s{i}": np.full((30, 2), i, dtype=np.float32) for i in range(4)}
+    with pytest.raises(wk.InvalidSpecError) as caught:
+        wk.convert(arrays, tmp_path / "s", format="zarr", window=SPEC, **options)
+    assert all(name in str(caught.value) for name in names), str(caught.value)
+    assert "\n" not in str(caught.value) and not (tmp_path / "s").exists()
+
+
 def test_split_by_series_assigns_whole_series(tmp_path: Path, concept_format: str) -> None:
     arrays = {f"s{i}": np.full((30, 2), i, dtype=np.float32) for i in range(20)}
     store = wk.convert(arrays, tmp_path / "s", format=concept_format, window=SPEC,

@@ -103,6 +103,7 @@ class ConvertOptions:
         if split_context not in SPLIT_CONTEXTS:
             raise InvalidSpecError(f"split_context must be 'none' or 'history', got "
                                    f"{split_context!r}")
+        _check_split_options(splits, split_by, split_at)
         options = cls(
             format=format, compression=compression,
             window=window if isinstance(window, WindowSpec) else WindowSpec(length=window),
@@ -123,6 +124,21 @@ class ConvertOptions:
     @property
     def skip_missing(self) -> bool:
         return self.nan == "skip"
+
+
+def _check_split_options(splits: object, split_by: str, split_at: object) -> None:
+    """Split options that contradict each other (or one that would do
+    nothing) are one line naming both."""
+    if split_by != "series":
+        return
+    if split_at is not None:
+        raise InvalidSpecError(
+            "--split-by series and --split-at contradict each other: --split-at cuts every "
+            "series at the same times, --split-by series puts each whole series in one "
+            "split; give one of them")
+    if splits is None:
+        raise InvalidSpecError("--split-by series needs --split, the share of the series "
+                               "each split holds (e.g. train=0.8,val=0.2)")
 
 
 def split_points(at: object) -> list[str]:
