@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,29 @@ with filtered_stderr():
     assert done.stderr.splitlines() == [
         "F0000 00:00:1795548539.370577   26803 x.cc:1] fatal stays",
         "a line of the program's own", "python's own"]
+
+
+@pytest.mark.parametrize("reader", ["tf_dataset", "keras_dataset", "torch_dataset",
+                                    "grain_batches"])
+@pytest.mark.parametrize("shuffle", [True, "blocks"])
+def test_an_epoch_that_drop_remainder_empties_is_one_warning(
+        tmp_path: Path, reader: str, shuffle: object) -> None:
+    """A split with fewer windows than one batch and ``drop_remainder=True``
+    yields no batch (Keras fit then leaves val_loss out without a word): a
+    warning names the split, its windows and the batch size, at the user's line."""
+    store = wk.convert(_series(60, 50), tmp_path / "s", format="zarr", window=wk.WindowSpec(4),
+                       splits={"train": .7, "val": .3})
+    windows = store.num_windows("val")
+    if reader == "torch_dataset":
+        pytest.importorskip("torch")
+    if reader == "grain_batches":
+        pytest.importorskip("grain")
+    with pytest.warns(UserWarning) as caught:
+        getattr(store, reader)("val", windows + 1, shuffle=shuffle, drop_remainder=True)
+    messages = [w for w in caught if "drop_remainder" in str(w.message)]
+    assert len(messages) == 1 and messages[0].filename == __file__
+    assert (f"split 'val' has {windows} windows an epoch, fewer than one batch of "
+            f"{windows + 1}") in str(messages[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a batch fits: no warning
+        getattr(store, reader)("val", windows, shuffle=shuffle, drop_remainder=True)

@@ -37,6 +37,7 @@ from windowkit.errors import InvalidSpecError
 from windowkit.readers import num_batches
 from windowkit.readers.choice import epoch_order, shuffle_choice
 from windowkit.readers.numpy_engine.fields import BatchFields
+from windowkit.readers.options import warn_if_no_batch
 from windowkit.readers.saved import saved_for
 from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter
 from windowkit.spec import WindowSpec
@@ -106,6 +107,8 @@ def tf_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
 
     fields = plan.store.fields(batch.return_series)
     choice = shuffle_choice(plan, order)
+    if not choice.uniform:  # a uniform shuffle's batches warn themselves
+        warn_if_no_batch(plan, batch)
     if service is not None:
         from windowkit.readers.tfdata_engine.service import service_batches
 

@@ -37,7 +37,7 @@ from windowkit.readers.choice import epoch_order, shuffle_choice
 from windowkit.readers.numpy_engine.held import HeldRows, UniformOrder
 from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
 from windowkit.readers.numpy_engine.pool import WindowGather
-from windowkit.readers.options import BatchOptions, ShuffleOptions
+from windowkit.readers.options import BatchOptions, ShuffleOptions, warn_if_no_batch
 from windowkit.readers.saved import (
     check_epoch,
     check_order,
@@ -106,6 +106,7 @@ class EpochBatches:
         if self.batch.normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self.windows_per_epoch = plan.windows_per_epoch(self.batch.drop_remainder)
+        warn_if_no_batch(plan, self.batch)
         self._resumed: _Resumed | None = None
         self._rows_plan = plan  # whose rows are held (a resumed epoch may need more)
         self._reset_process_state()
