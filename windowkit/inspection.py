@@ -66,7 +66,10 @@ def _time(value: int | None, unit: str) -> int | str | None:
         return value
     if unit == "days":
         return str(np.datetime64(int(value), "D"))
-    return str(np.datetime64(int(value), "ns").astype("datetime64[s]")) + "Z"
+    # at the resolution the time has: whole seconds, else ms, us or ns (never rounded)
+    step = next(u for u, ns in (("s", 10**9), ("ms", 10**6), ("us", 10**3), ("ns", 1))
+                if int(value) % ns == 0)
+    return str(np.datetime64(int(value), "ns").astype(f"datetime64[{step}]")) + "Z"
 
 
 def _names(names: list[str], shown: int = 8) -> str:

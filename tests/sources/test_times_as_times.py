@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 import warnings
 from pathlib import Path
 
@@ -194,6 +195,21 @@ def test_python_errors_name_the_arguments(tmp_path: Path) -> None:
         wk.convert(frame, tmp_path / "s", window=SPEC, series_col="index", columns="close",
                    max_gap="5D")
     assert not (tmp_path / "s").exists()
+
+
+def test_inspect_shows_times_at_the_resolution_the_data_has(tmp_path: Path) -> None:
+    """100 Hz data split at 00:20:21.5: val starts there, train ends 10 ms
+    before, in the text and the JSON alike (never rounded to whole seconds)."""
+    stamps = pd.date_range("2009-08-24T00:20:00", periods=3000, freq="10ms")
+    frame = pd.DataFrame({"time": stamps, "z": np.random.default_rng(1).normal(size=3000)})
+    store = wk.convert(frame, tmp_path / "s", format="zarr", window=SPEC, time_col="time",
+                       split_at="2009-08-24T00:20:21.5", split_context="history")
+    result = CliRunner().invoke(main, ["inspect", str(store.path), "--json"])
+    times = json.loads(result.output)["split_times"]
+    assert times["val"][0] == "2009-08-24T00:20:21.500Z"
+    assert times["train"][1] == "2009-08-24T00:20:21.490Z"
+    text = CliRunner().invoke(main, ["inspect", str(store.path)]).output
+    assert "00:20:21.500Z" in text and "00:20:21.490Z" in text
 
 
 # -- 2. --max-gap on timestamps: a unit, never nanoseconds ------------------------------
