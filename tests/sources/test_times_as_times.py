@@ -212,6 +212,34 @@ def test_inspect_shows_times_at_the_resolution_the_data_has(tmp_path: Path) -> N
     assert "00:20:21.500Z" in text and "00:20:21.490Z" in text
 
 
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_time_format_is_applied_to_the_text_as_written(tmp_path: Path, suffix: str) -> None:
+    """A CSV's dates that pyarrow would parse itself are read with the given
+    --time-format, as the same text in a Parquet file is: applied when it
+    matches (1967-07-01 read '%Y-%d-%m' is 7 January), one line naming the
+    row when it does not; a time column that is not text is one line."""
+    frame = pd.DataFrame({"date": ["1967-07-01", "1967-08-01", "1967-09-01", "1967-10-31"],
+                          "v": [1.0, 2.0, 3.0, 4.0]})
+    source = tmp_path / f"econ.{suffix}"
+    getattr(frame, "to_csv" if suffix == "csv" else "to_parquet")(source, index=False)
+    result = _cli(tmp_path, source, "--time-col", "date", "--columns", "v", "--window", "2",
+                  "--time-format", "%Y-%d-%m")
+    assert_one_line_error(result, "row 3", "'1967-10-31' does not match --time-format")
+    head = frame.iloc[:3]
+    getattr(head, "to_csv" if suffix == "csv" else "to_parquet")(source, index=False)
+    result = _cli(tmp_path, source, "--time-col", "date", "--columns", "v", "--window", "2",
+                  "--time-format", "%Y-%d-%m")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(CliRunner().invoke(main, ["inspect", str(tmp_path / "s"),
+                                                   "--json"]).output)
+    assert summary["split_times"]["train"][0] == "1967-01-07"
+    typed = frame.assign(date=pd.to_datetime(frame["date"]))
+    typed.to_parquet(tmp_path / "typed.parquet")
+    result = _cli(tmp_path, tmp_path / "typed.parquet", "--time-col", "date", "--columns",
+                  "v", "--window", "2", "--time-format", "%Y-%m-%d", "--overwrite")
+    assert_one_line_error(result, "--time-format '%Y-%m-%d' reads text times", "timestamp")
+
+
 # -- 2. --max-gap on timestamps: a unit, never nanoseconds ------------------------------
 
 

@@ -144,9 +144,11 @@ def table_files(source: Any) -> TableFiles | None:
     return TableFiles(name, tuple(tables))
 
 
-def open_dataset(tables: TableFiles, header: bool = True) -> ds.Dataset:
+def open_dataset(tables: TableFiles, header: bool = True, text: tuple[str, ...] = ()
+                 ) -> ds.Dataset:
     """The files as one :mod:`pyarrow.dataset`, their columns unified, in order
-    (CSV files without ``header``: columns ``"0"``, ``"1"``, ... by the first line)."""
+    (CSV files without ``header``: columns ``"0"``, ``"1"``, ... by the first line;
+    the CSV columns ``text`` kept as the text they are, not parsed)."""
     from pyarrow import csv
 
     names = None
@@ -154,8 +156,8 @@ def open_dataset(tables: TableFiles, header: bool = True) -> ds.Dataset:
         with open(tables.files[0], "rb") as fh:
             names = headless_names(fh.readline(CSV_BLOCK_BYTES))
     fmt: Any = ds.CsvFileFormat(read_options=csv.ReadOptions(
-        block_size=CSV_BLOCK_BYTES, column_names=names)) if tables.csv \
-        else ds.ParquetFileFormat()
+        block_size=CSV_BLOCK_BYTES, column_names=names), convert_options=csv_text(text)) \
+        if tables.csv else ds.ParquetFileFormat()
     partitioning = "hive" if tables.base_dir else None
     try:
         first = ds.dataset(list(tables.files), format=fmt, partitioning=partitioning,
@@ -174,11 +176,12 @@ def open_dataset(tables: TableFiles, header: bool = True) -> ds.Dataset:
 
 
 def dataset_batches(tables: TableFiles, needed: list[str] | None,
-                    parts: list[tuple[int, str]], header: bool = True
-                    ) -> Iterator[pa.RecordBatch]:
+                    parts: list[tuple[int, str]], header: bool = True,
+                    text: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
     """The files' record batches, file after file; ``parts`` gets each file's
-    first row (in the whole table) and path as it is reached."""
-    dataset = open_dataset(tables, header)
+    first row (in the whole table) and path as it is reached (CSV columns
+    ``text`` as text)."""
+    dataset = open_dataset(tables, header, text)
     present = set(dataset.schema.names)
     columns = [c for c in needed if c in present] if needed else None
     rows = 0
@@ -192,6 +195,14 @@ def dataset_batches(tables: TableFiles, needed: list[str] | None,
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             message = str(exc).splitlines()[0]
             raise SourceError(f"{fragment.path}: cannot read the table ({message})") from None
+
+
+def csv_text(columns: tuple[str, ...]) -> Any:
+    """pyarrow's CSV options keeping ``columns`` as the text they are (a time
+    column with ``--time-format``: parsed by it, not guessed)."""
+    from pyarrow import csv
+
+    return csv.ConvertOptions(column_types={name: pa.string() for name in columns})
 
 
 def fingerprint(tables: TableFiles) -> str:

@@ -36,6 +36,7 @@ from windowkit.location import as_url_path, is_url, open_parquet, remote_errors,
 from windowkit.sources._datasets import (
     TableFiles,
     csv_shape,
+    csv_text,
     dataset_batches,
     fingerprint,
     headless_names,
@@ -185,13 +186,14 @@ class _Stager:
 
 
 def _batches(source: Any, name: str, needed: list[str] | None,
-             parts: list[tuple[int, str]], header: bool = True) -> Iterator[pa.RecordBatch]:
+             parts: list[tuple[int, str]], header: bool = True,
+             text: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
     """The table's record batches, streamed (several files: file after file,
     each one's first row recorded in ``parts``; CSV without ``header``: columns
-    ``"0"``, ``"1"``, ...)."""
+    ``"0"``, ``"1"``, ...; CSV columns ``text`` as text)."""
     if isinstance(source, TableFiles):
         parts.clear()
-        yield from dataset_batches(source, needed, parts, header)
+        yield from dataset_batches(source, needed, parts, header, text)
         return
     if isinstance(source, pa.Table):  # a DataFrame, index levels named included
         yield from source.to_batches(_BATCH_ROWS)
@@ -213,7 +215,8 @@ def _batches(source: Any, name: str, needed: list[str] | None,
                     names = headless_names(fh.readline(_CSV_BLOCK_BYTES))
             with remote_errors(path, SourceError), location.open("rb") as fh:
                 yield from csv.open_csv(fh, read_options=csv.ReadOptions(
-                    block_size=_CSV_BLOCK_BYTES, column_names=names))
+                    block_size=_CSV_BLOCK_BYTES, column_names=names),
+                    convert_options=csv_text(text))
         else:
             yield from open_parquet(location).iter_batches(batch_size=_BATCH_ROWS,
                                                            columns=needed)
@@ -340,6 +343,8 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
         needed = [c for c in (options.series_col, options.time_col, *options.columns,
                               *(options.static_columns or ())) if c]
     parts: list[tuple[int, str]] = []
+    # a time column given a --time-format is read as the text it is, then parsed by it
+    text = (options.time_col,) if options.time_format and options.time_col else ()
 
     def stager(origin: np.ndarray | None = None) -> _Stager:
         wide_key = source.key if isinstance(source, TableFiles) else None
@@ -347,11 +352,12 @@ def stage_table(source: Any, options: TableOptions, staging: Path, *,
                        wide_key)
 
     try:
-        return _stage(_batches(source, name, needed, parts, options.header), stager(), name)
+        return _stage(_batches(source, name, needed, parts, options.header, text), stager(),
+                      name)
     except NotInOrderError as refusal:
         if sort_memory <= 0:
             raise
-        table = read_within(_batches(source, name, needed, parts, options.header), needed,
+        table = read_within(_batches(source, name, needed, parts, options.header, text), needed,
                             sort_memory, refusal)
     assert options.series_col is not None  # only grouping is ever out of order
     log.info("%s: rows of each series are not together; grouping them in memory (%.0f MiB)",

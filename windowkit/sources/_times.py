@@ -190,6 +190,9 @@ def time_kind(kind: pa.DataType, time_format: str | None, where: str) -> TimeKin
     ``time_format``, whose codes say whether it holds dates or timestamps."""
     text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
         pa.types.is_integer(kind) and time_format is not None)  # e.g. 20240131
+    if not text and time_format is not None:
+        raise InvalidSpecError(f"{where}: --time-format {time_format!r} reads text times, "
+                               f"and the time column holds {kind}; leave --time-format out")
     if not text:
         unit, zone = time_unit(kind, where)
         return TimeKind(unit, zone, floats=pa.types.is_floating(kind))
