@@ -61,3 +61,19 @@ def test_a_position_out_of_range_is_one_line(store: wk.Store, tmp_path: Path) ->
     for bad in (n, -n - 1):
         with pytest.raises(IndexError, match=f"window position {bad} is out of range"):
             store.windows("train", [0, bad])
+
+
+def test_positions_of_two_dimensions_are_one_line(store: wk.Store) -> None:
+    """``[[0, 1], [2, 3]]`` is not four windows in a row (NumPy would stack them)."""
+    with pytest.raises(wk.InvalidSpecError, match=r"one list .* shape \(2, 2\)") as caught:
+        store.windows("train", [[0, 1], [2, 3]])
+    assert "\n" not in str(caught.value)
+
+
+def test_no_positions_of_an_empty_split_are_empty_arrays(tmp_path: Path) -> None:
+    arrays = [np.zeros((30, 2), np.float32)] * 2
+    with pytest.warns(UserWarning, match="split 'val' holds no windows"):
+        empty = wk.convert(arrays, tmp_path / "s", format="zarr",
+                           window=wk.WindowSpec(8, horizon=2), splits={"train": .7, "val": .3})
+    x, y = empty.windows("val", [])
+    assert x.shape == (0, 8, 2) and y.shape == (0, 2, 2)

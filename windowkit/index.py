@@ -382,8 +382,8 @@ def index_positions(positions: object, total: int) -> np.ndarray:
     """``positions`` of an index of ``total`` windows as int64 positions, as
     NumPy indexes an array of that length: an integer or an array of integers
     (any integer dtype; negative ones count from the end), a slice, or a
-    boolean mask of ``total`` entries. Anything else, a float say, is one line
-    (``1.9`` is no window 1)."""
+    boolean mask of ``total`` entries. Anything else, a float or a 2-D array
+    say, is one line (``1.9`` is no window 1)."""
     if isinstance(positions, slice):
         return np.arange(total, dtype=np.int64)[positions]
     values = np.asarray(positions)
@@ -394,6 +394,10 @@ def index_positions(positions: object, total: int) -> np.ndarray:
         return np.flatnonzero(values).astype(np.int64)
     if values.size == 0 and values.dtype.kind in "fO":  # [] reads as float64: no window
         return np.zeros(0, dtype=np.int64)
+    if values.ndim > 1:  # NumPy would stack them; a batch of windows is one list
+        raise InvalidSpecError(f"window positions are one list (or a slice, or a boolean "
+                               f"mask), got an array of shape {values.shape}: flatten it "
+                               "and reshape the windows")
     if values.dtype.kind not in "iu":
         raise InvalidSpecError(f"window positions are integers (or a slice, or a boolean "
                                f"mask), got {values.dtype} values such as "

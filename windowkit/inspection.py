@@ -48,6 +48,11 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "split_times": {name: [_time(m.splits[name].first_time, unit),
                                _time(m.splits[name].last_time, unit)]
                         for name in order if m.splits[name].first_time is not None},
+        # what those times are: the rows the windows read, or (history context,
+        # every split after the first) from the first target on
+        "split_times_are": {name: "targets" if k and m.options.get("split_context") == "history"
+                            else "rows" for k, name in enumerate(order)
+                            if m.splits[name].first_time is not None},
         "block_rows": m.block_rows,
         "block_bytes": m.block_rows * store.layout.row_bytes,
         "compression": m.data.get("compression"),
@@ -70,6 +75,13 @@ def _time(value: int | None, unit: str) -> int | str | None:
     step = next(u for u, ns in (("s", 10**9), ("ms", 10**6), ("us", 10**3), ("ns", 1))
                 if int(value) % ns == 0)
     return str(np.datetime64(int(value), "ns").astype(f"datetime64[{step}]")) + "Z"
+
+
+def _times_label(summary: dict[str, Any], split: str) -> str:
+    """How a split's times are shown: ``times`` (of the rows its windows read),
+    or ``target times`` (from its first target on, under the history context)."""
+    return "target times" if summary.get("split_times_are", {}).get(split) == "targets" \
+        else "times"
 
 
 def _names(names: list[str], shown: int = 8) -> str:
@@ -104,7 +116,8 @@ def render(summary: dict[str, Any]) -> str:
                              "times are the targets')")]
           if summary["split_context"] == "history" else []),
         *[(f"windows [{name}]", f"{count:,}" + (
-            f"  (times {summary['split_times'][name][0]}..{summary['split_times'][name][1]})"
+            f"  ({_times_label(summary, name)} {summary['split_times'][name][0]}.."
+            f"{summary['split_times'][name][1]})"
             if name in summary["split_times"] else "" if count else "  (none: nothing to read)"))
           for name, count in summary["splits"].items()],
         *([("windows skipped", f"{summary['gap_skipped_windows']:,} (they span a time gap)")]

@@ -215,7 +215,8 @@ def test_inspect_split_times_are_those_of_the_windows(tmp_path: Path, concept_fo
         first = min(int(times[s][start + skip]) for s, start, _ in index)
         last = max(int(times[s][start + spec.span - 1]) for s, start, _ in index)
         assert summary["split_times"][split] == [first, last]
-        assert f"(times {first}..{last})" in render(summary)
+        label = "target times" if skip else "times"
+        assert f"({label} {first}..{last})" in render(summary)
     # the split's last row (1800) is no window's: the old report said 1800
     assert summary["split_times"]["val"][1] == 1799
 
@@ -311,3 +312,21 @@ def test_an_epoch_that_drop_remainder_empties_is_one_warning(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a batch fits: no warning
         getattr(store, reader)("val", windows, shuffle=shuffle, drop_remainder=True)
+
+
+def test_inspect_says_which_times_a_split_shows(tmp_path: Path) -> None:
+    """Under the history context, train's times are the rows its windows read,
+    val's from its first target on: the output says which, text and JSON."""
+    frame = pd.DataFrame({"t": pd.date_range("2020-01-01", periods=100, freq="D"),
+                          "v": np.arange(100.0)})
+    out = tmp_path / "s"
+    wk.convert(frame, out, format="zarr", window=wk.WindowSpec(8, horizon=2), time_col="t",
+               split_at="2020-03-01", split_context="history")
+    summary = describe(out)
+    assert summary["split_times_are"] == {"train": "rows", "val": "targets"}
+    assert summary["split_times"]["val"][0] == "2020-03-01T00:00:00Z"
+    lines = render(summary).splitlines()
+    assert any(line.startswith("windows [train]") and "(times 2020-01-01" in line
+               for line in lines)
+    assert any(line.startswith("windows [val]") and "(target times 2020-03-01" in line
+               for line in lines)
