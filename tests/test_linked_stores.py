@@ -137,10 +137,10 @@ def test_a_linked_store_reads_as_the_plain_one(plain: tuple[str, dict[str, np.nd
         assert result.exit_code == 0, (command, result.output)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_overwrite_replaces_what_windowkit_wrote_and_no_link_target(
-        tmp_path: Path, layout: str) -> None:
-    fmt = "zarr" if layout != "dvc" else "tfrecord"  # the rules are the formats' own: two
+        tmp_path: Path, layout: str, fmt: str) -> None:
     path = LAYOUTS[layout](_plain(tmp_path / "store", fmt).path, tmp_path)
     targets = _targets(tmp_path)
     assert bool(targets) == (layout != "linked directory")
