@@ -101,7 +101,7 @@ def test_grunfeld_history_context_validates_on_the_last_years(tmp_path: Path,
     shown = CliRunner().invoke(main, ["inspect", str(store.path), "--plot", str(png)]).output
     assert "split context" in shown and "history" in shown
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert re.search(r"windows \[val\]\s+44\s+\(times 1951\.\.1954\)", shown), shown
+    assert re.search(r"windows \[val\]\s+44\s+\(target times 1951\.\.1954\)", shown), shown
 
 
 def test_mauna_loa_co2_with_missing_weeks(tmp_path: Path, concept_format: str) -> None:

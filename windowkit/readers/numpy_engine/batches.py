@@ -360,7 +360,7 @@ class EpochBatches:
         self._resumed = None
         return epoch
 
-    def regroup(self, state: object, keys: tuple[str, ...], given: int) -> int:
+    def regroup(self, state: dict[str, Any], keys: tuple[str, ...], given: int) -> int:
         """Go on from a :meth:`state_at` saved with another number of shards
         (checked on ``keys``), after each of them had been given ``given``
         batches of its epoch, as the saved reader counted them: the windows
@@ -368,7 +368,6 @@ class EpochBatches:
         batch ``given`` (the count a trainer restores with the state). Returns
         the epoch."""
         check_saved_for(state, self.identity(), keys, what="state")
-        assert isinstance(state, dict)
         position = regrouped(state, given, self.batch_size, self.plan.whole_split.total)
         return self.resume(position, lead=int(given))
 
