@@ -90,8 +90,8 @@ class Workspace:
     def lock(self) -> None:
         """Create (or find) the workspace and lock it, or fail at once."""
         if os.path.islink(self.root):
-            raise StoreError(f"{self.root}: the workspace is a symbolic link; windowkit "
-                             "follows no links (remove it and run again)")
+            raise StoreError(f"{self.root}: the workspace is a symbolic link; a workspace "
+                             "is never written through a link (remove it and run again)")
         missing = [p for p in self.root.parents if not os.path.lexists(p)]
         self.root.parent.mkdir(parents=True, exist_ok=True)
         self._created_parents = missing  # removed again by discard() when left empty
@@ -102,7 +102,8 @@ class Workspace:
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise StoreError(f"{self.root}: the workspace is a symbolic link or not a "
-                                 "directory; windowkit follows no links") from exc
+                                 "directory; a workspace is never written through a link"
+                                 ) from exc
             raise
         if fd is None:
             raise StoreError(f"{self.out}: another windowkit convert is writing this store "
