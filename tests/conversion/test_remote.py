@@ -153,8 +153,8 @@ def test_an_interrupted_upload_leaves_no_store_and_resumes(
 
 
 def test_sources_are_read_from_s3(tmp_path: Path, s3_bucket: str, mirror_cache: Path) -> None:
-    """A .npy glob, a CSV and a Parquet table on object storage convert to the
-    same windows as their local copies."""
+    """A .npy glob, a CSV (plain and gzip-compressed) and a Parquet table on
+    object storage convert to the same windows as their local copies."""
     import pandas as pd
 
     fs = fsspec.filesystem("s3")
@@ -171,8 +171,9 @@ def test_sources_are_read_from_s3(tmp_path: Path, s3_bucket: str, mirror_cache: 
                           "x": np.arange(120, dtype=np.float64),
                           "y": -np.arange(120, dtype=np.float64)})
     frame.to_csv(tmp_path / "long.csv", index=False)
+    frame.to_csv(tmp_path / "long.csv.gz", index=False)
     frame.to_parquet(tmp_path / "long.parquet", index=False)
-    for name in ("long.csv", "long.parquet"):
+    for name in ("long.csv", "long.csv.gz", "long.parquet"):
         fs.put_file(str(tmp_path / name), f"{bucket}/tables/{name}")
         options = {"format": "parquet", "window": 5, "series_col": "sensor", "time_col": "t"}
         remote = wk.convert(f"{s3_bucket}/tables/{name}", tmp_path / f"r-{name}", **options)

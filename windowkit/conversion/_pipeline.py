@@ -140,7 +140,8 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
     target (for a local path, one they share). Rows are streamed
     block by block: peak memory does not grow with the source.
 
-    A CSV or Parquet file, several of them (a list, a glob, a directory of
+    A CSV (also ``.csv.gz``, ``.csv.bz2``, ``.csv.zst``) or Parquet file,
+    several of them (a list, a glob, a directory of
     Parquet files, hive-partitioned or not: one table, in path order), or a
     pandas DataFrame, is a table
     (:mod:`windowkit.sources`): ``series_col`` names the series of a long table

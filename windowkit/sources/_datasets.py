@@ -33,6 +33,8 @@ from windowkit.errors import SourceError, SourceNotFoundError
 from windowkit.location import is_url, resolve
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+#: compressed CSV files (``data.csv.gz``) are read through their codec, as pandas reads them
+CSV_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
 _GLOB_CHARS = set("*?[")
 _IGNORED = (".", "_")  # hidden files, _SUCCESS, _metadata: never parts
 BATCH_ROWS = 1 << 16
@@ -51,15 +53,60 @@ class TableFiles:
     @property
     def key(self) -> str:
         """The series' key of a wide table (no series column)."""
-        return Path(self.base_dir).name if self.base_dir else Path(self.files[0]).stem
+        return Path(self.base_dir).name if self.base_dir else table_stem(self.files[0])
 
     @property
     def csv(self) -> bool:
-        return _suffix(self.files[0]) == ".csv"
+        return table_suffix(self.files[0]) == ".csv"
 
 
-def _suffix(path: str) -> str:
-    return Path(path).suffix.lower()
+def table_suffix(path: str) -> str:
+    """A table file's suffix, lower case (of a URL's path for a URL): ``.csv``
+    for a compressed CSV file too (``data.csv.gz``)."""
+    name = Path(urlsplit(path).path if is_url(path) else path).name.lower()
+    suffix = Path(name).suffix
+    if suffix in CSV_CODECS and Path(Path(name).stem).suffix == ".csv":
+        return ".csv"
+    return suffix
+
+
+def csv_codec(path: str) -> str | None:
+    """The codec of a compressed CSV file (``gzip`` for ``data.csv.gz``), else None."""
+    if table_suffix(path) != ".csv":
+        return None
+    return CSV_CODECS.get(Path(urlsplit(path).path if is_url(path) else path).suffix.lower())
+
+
+def table_stem(path: str) -> str:
+    """A table file's name without its suffixes (``data`` for ``data.csv.gz``)."""
+    stem = Path(path).stem
+    return Path(stem).stem if csv_codec(path) else stem
+
+
+def csv_bytes(fh: Any, path: str) -> Any:
+    """``fh``, the file ``path`` opened for reading bytes, decompressed when
+    ``path`` is a compressed CSV file (streamed: never read whole)."""
+    codec = csv_codec(path)
+    return fh if codec is None else pa.CompressedInputStream(fh, codec)
+
+
+def first_line(fh: Any, path: str) -> bytes:
+    """The first line of the CSV file ``path``, opened as ``fh`` (decompressed)."""
+    stream = csv_bytes(fh, path)
+    lines = stream if stream is fh else io.BufferedReader(stream)
+    return bytes(lines.readline(CSV_BLOCK_BYTES))
+
+
+def csv_sample(fh: Any, path: str, size: int) -> tuple[bytes, int]:
+    """The first block of the CSV file ``path`` of ``size`` bytes, opened as
+    ``fh``, and about how many bytes of text it holds (a compressed file's:
+    its size scaled by the block's compression)."""
+    if csv_codec(path) is None:
+        return fh.read(CSV_BLOCK_BYTES), size
+    sample = bytes(csv_bytes(fh, path).read(CSV_BLOCK_BYTES))
+    if len(sample) < CSV_BLOCK_BYTES:
+        return sample, len(sample)  # the whole text
+    return sample, int(size * len(sample) / max(1, fh.tell()))
 
 
 def _natural(path: str) -> list[Any]:
@@ -73,7 +120,7 @@ def _directory_files(directory: str) -> list[str]:
     for root, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if not d.startswith(_IGNORED)]
         found += [os.path.join(root, f) for f in files if not f.startswith(_IGNORED)]
-    tables = [f for f in found if _suffix(f) in TABLE_SUFFIXES]
+    tables = [f for f in found if table_suffix(f) in TABLE_SUFFIXES]
     if not tables:
         raise SourceError(f"{directory}: is a directory without CSV or Parquet files; give "
                           ".npy files, or a directory of table parts")
@@ -123,16 +170,16 @@ def table_files(source: Any) -> TableFiles | None:
     if directories:
         files = _directory_files(directories[0])
         return TableFiles(directories[0], tuple(files), base_dir=directories[0])
-    tables = [p for p in paths if _suffix(p) in TABLE_SUFFIXES]
+    tables = [p for p in paths if table_suffix(p) in TABLE_SUFFIXES]
     if not tables:
         return None
     if len(tables) != len(paths):
-        other = next(p for p in paths if _suffix(p) not in TABLE_SUFFIXES)
+        other = next(p for p in paths if table_suffix(p) not in TABLE_SUFFIXES)
         raise SourceError(f"{other}: a conversion takes .npy files or tables (CSV, Parquet), "
                           f"not both ({tables[0]} is a table); convert them separately")
-    kinds = {_suffix(p) == ".csv" for p in tables}
+    kinds = {table_suffix(p) == ".csv" for p in tables}
     if len(kinds) > 1:
-        csv = next(p for p in tables if _suffix(p) == ".csv")
+        csv = next(p for p in tables if table_suffix(p) == ".csv")
         raise SourceError(f"{csv}: CSV and Parquet files cannot be mixed in one "
                           "conversion; convert them to one kind first")
     if len(set(tables)) != len(tables):
@@ -154,7 +201,7 @@ def open_dataset(tables: TableFiles, header: bool = True, text: tuple[str, ...] 
     names = None
     if tables.csv and not header:
         with open(tables.files[0], "rb") as fh:
-            names = headless_names(fh.readline(CSV_BLOCK_BYTES))
+            names = headless_names(first_line(fh, tables.files[0]))
     fmt: Any = ds.CsvFileFormat(read_options=csv.ReadOptions(
         block_size=CSV_BLOCK_BYTES, column_names=names), convert_options=csv_text(text)) \
         if tables.csv else ds.ParquetFileFormat()
@@ -220,9 +267,11 @@ def table_rows(tables: TableFiles) -> tuple[int, int]:
     columns = len(dataset.schema)
     if not tables.csv:
         return sum(f.metadata.num_rows for f in dataset.get_fragments()), columns
-    size = sum(os.path.getsize(f) for f in tables.files)
+    first = os.path.getsize(tables.files[0])
     with open(tables.files[0], "rb") as fh:
-        rows, _ = csv_shape(fh.read(CSV_BLOCK_BYTES), size)
+        sample, text = csv_sample(fh, tables.files[0], first)
+    size = sum(os.path.getsize(f) for f in tables.files) * text // max(1, first)
+    rows, _ = csv_shape(sample, size)
     return rows, columns
 
 
@@ -248,7 +297,7 @@ def csv_file(source: Any) -> str | None:
     if not isinstance(source, (str, os.PathLike)):
         return None
     path = os.fspath(source)
-    return path if _suffix(urlsplit(path).path if is_url(path) else path) == ".csv" else None
+    return path if table_suffix(path) == ".csv" else None
 
 
 def numeric_header(source: Any) -> tuple[str, list[str]] | None:
@@ -263,7 +312,7 @@ def numeric_header(source: Any) -> tuple[str, list[str]] | None:
         if not is_url(path) and not os.path.isfile(path):
             return None  # a FIFO or a device is never opened
         with location.open("rb") as fh:
-            names = first_fields(fh.readline(CSV_BLOCK_BYTES))
+            names = first_fields(first_line(fh, path))
     except Exception:  # unreadable or unreachable: staging says why
         return None
     return (path, names) if looks_like_data(names) else None

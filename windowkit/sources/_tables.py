@@ -24,9 +24,9 @@ import errno
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -34,13 +34,19 @@ import pyarrow as pa
 from windowkit.errors import DiskSpaceError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
 from windowkit.sources._datasets import (
+    TABLE_SUFFIXES,
     TableFiles,
+    csv_bytes,
+    csv_sample,
     csv_shape,
     csv_text,
     dataset_batches,
     fingerprint,
+    first_line,
     headless_names,
     table_files,
+    table_stem,
+    table_suffix,
 )
 from windowkit.sources._datasets import table_rows as dataset_rows
 from windowkit.sources._frames import frame_table
@@ -55,16 +61,10 @@ from windowkit.sources._table_values import FeatureValues
 from windowkit.sources._time_checks import SeriesTimes
 from windowkit.sources._times import parse_gap, step_and_segments
 
-TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 _BATCH_ROWS = 1 << 16
 _CSV_BLOCK_BYTES = 8 << 20
 DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
-
-
-def _suffix(path: str) -> str:
-    """The file name's suffix, lower case (of a URL's path for a URL)."""
-    return Path(urlsplit(path).path if is_url(path) else path).suffix.lower()
 
 
 def is_table(source: Any) -> bool:
@@ -75,7 +75,7 @@ def is_table(source: Any) -> bool:
     if table_files(source) is not None:
         return True
     return isinstance(source, (str, os.PathLike)) and (
-        _suffix(os.fspath(source)) in TABLE_SUFFIXES)
+        table_suffix(os.fspath(source)) in TABLE_SUFFIXES)
 
 
 class _Stager:
@@ -96,7 +96,7 @@ class _Stager:
         # a DataFrame has no file to identify it: a digest of what is staged does
         self.files = StagingFiles(staging, digest=not source_id)
         self.runs = SeriesRuns(name, options, wide_key if wide_key is not None
-                               else Path(name).stem, self.rows)
+                               else table_stem(name), self.rows)
         self.static = StaticValues(list(options.static_columns or ()), self.rows)
         self.columns: TableColumns | None = None  # known from the first batch's schema
         self.values: FeatureValues | None = None
@@ -206,15 +206,16 @@ def _batches(source: Any, name: str, needed: list[str] | None,
         if not location.exists():
             raise SourceNotFoundError(f"{path}: no such file")
     try:
-        if _suffix(path) == ".csv":
+        if table_suffix(path) == ".csv":
             from pyarrow import csv
 
             names = None
+            remote = is_url(path)
             if not header:
-                with remote_errors(path, SourceError), location.open("rb") as fh:
-                    names = headless_names(fh.readline(_CSV_BLOCK_BYTES))
-            with remote_errors(path, SourceError), location.open("rb") as fh:
-                yield from csv.open_csv(fh, read_options=csv.ReadOptions(
+                with _remote_guard(path, remote), location.open("rb") as fh:
+                    names = headless_names(first_line(fh, path))
+            with _remote_guard(path, remote), location.open("rb") as fh:
+                yield from csv.open_csv(csv_bytes(fh, path), read_options=csv.ReadOptions(
                     block_size=_CSV_BLOCK_BYTES, column_names=names),
                     convert_options=csv_text(text))
         else:
@@ -224,6 +225,12 @@ def _batches(source: Any, name: str, needed: list[str] | None,
         message = str(exc).splitlines()[0]
         hint = _UTF8_HINT if "UTF8" in message or "UTF-8" in message else ""
         raise SourceError(f"{path}: cannot read the table ({message}){hint}") from None
+
+
+def _remote_guard(path: str, remote: bool) -> AbstractContextManager[None]:
+    """Object storage's errors as one line, for a URL; a local file's errors (a
+    damaged ``.csv.gz``) are the table's, said by :func:`_batches`."""
+    return remote_errors(path, SourceError) if remote else nullcontext()
 
 
 _UTF8_HINT = ("; windowkit reads UTF-8 text only: re-encode the file, e.g. "
@@ -272,10 +279,10 @@ def estimate_staged_bytes(source: Any, options: TableOptions) -> int:
         try:
             if not is_url(path):
                 check_regular(path)
-            if _suffix(path) == ".csv":
+            if table_suffix(path) == ".csv":
                 with location.open("rb") as fh:
-                    sample = fh.read(_CSV_BLOCK_BYTES)
-                rows, columns = csv_shape(sample, int(location.stat().st_size))
+                    sample, size = csv_sample(fh, path, int(location.stat().st_size))
+                rows, columns = csv_shape(sample, size)
             else:
                 meta = open_parquet(location).metadata
                 rows, columns = meta.num_rows, meta.num_columns
