@@ -8,11 +8,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import windowkit as wk
 from tests.conftest import oracle_windows
+from windowkit.cli import main
 
 SPEC = wk.WindowSpec(6, stride=2, horizon=1)
 
@@ -110,6 +112,48 @@ def test_split_at_time_points(tmp_path: Path, concept_format: str) -> None:
             touched = years[series][start:start + SPEC.span]
             assert lo <= touched.min() and touched.max() <= hi
     assert store.info["splits"]["val"]["first_time"] == 2000
+
+
+def _three_countries(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame([{"country": c, "year": y, "gdp": rng.normal()}
+                          for c in ("AT", "BE", "CH") for y in range(1980, 2021)])
+    frame.to_csv(tmp_path / "panel.csv", index=False)
+    return tmp_path / "panel.csv"
+
+
+def test_split_at_names_its_splits_with_split(tmp_path: Path) -> None:
+    """``--split fit,check,hold`` names the splits that ``--split-at`` makes."""
+    args = ["convert", str(_three_countries(tmp_path)), "--format", "zarr", "--window", "4",
+            "--series-col", "country", "--time-col", "year", "--split-at", "2000,2010", "-q"]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "s"), "--split",
+                                       "fit,check,hold"])
+    assert result.exit_code == 0, result.output
+    named = wk.open_store(tmp_path / "s")
+    plain = wk.convert(tmp_path / "panel.csv", tmp_path / "plain", window=4,
+                       series_col="country", time_col="year", split_at="2000,2010")
+    assert set(named.splits) == {"fit", "check", "hold"}
+    for mine, default in [("fit", "train"), ("check", "val"), ("hold", "test")]:
+        assert len(named.index(mine)) > 0
+        np.testing.assert_array_equal(named.index(mine), plain.index(default))
+
+
+@pytest.mark.parametrize("splits", ["train=0.1,val=0.1,test=0.1", {"a": 0.5, "b": 0.2, "c": 0.3}])
+def test_split_fractions_with_split_at_are_one_line(tmp_path: Path,
+                                                   splits: str | dict[str, float]) -> None:
+    """Fractions given with split points are refused, never silently ignored."""
+    with pytest.raises(wk.InvalidSpecError) as caught:
+        wk.convert(_three_countries(tmp_path), tmp_path / "s", window=4, series_col="country",
+                   time_col="year", split_at="2000,2010", splits=splits)
+    message = str(caught.value)
+    assert "gives fractions" in message and "split_at" in message and "\n" not in message
+    assert 'splits="train,val,test"' in message and not (tmp_path / "s").exists()
+    result = CliRunner().invoke(main, [
+        "convert", str(tmp_path / "panel.csv"), "--format", "zarr", "--out", str(tmp_path / "s"),
+        "--window", "4", "--series-col", "country", "--time-col", "year", "--split-at",
+        "2000,2010", "--split", "fit=0.5,check=0.5"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "--split fit=0.5,check=0.5 gives fractions, and --split-at cuts" in result.output
 
 
 @pytest.mark.parametrize(("value", "message"), [

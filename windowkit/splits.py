@@ -160,14 +160,36 @@ def history_rows(spec: Any) -> int:
     return int(spec.length * spec.sampling_rate) if spec.horizon else 0
 
 
-def split_names_for(cuts: int, fractions: dict[str, float] | None) -> tuple[str, ...]:
+def parse_split_names(value: str | Mapping[str, float] | None) -> tuple[str, ...] | None:
+    """The names ``--split`` gives the splits that ``--split-at`` makes:
+    ``"fit,check,hold"``, names alone (the points cut the rows, so fractions
+    would be ignored: they are an error)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or "=" in value:
+        shown = value if isinstance(value, str) else ",".join(f"{k}={v}" for k, v in
+                                                               value.items())
+        raise InvalidSpecError(
+            f"--split {shown} gives fractions, and --split-at cuts at points in time; with "
+            "--split-at, --split names the splits alone (e.g. --split train,val,test)")
+    names = tuple(name.strip() for name in value.split(","))
+    for k, name in enumerate(names):
+        if not _NAME.fullmatch(name):
+            raise InvalidSpecError(f"split name {name!r} is not a valid name")
+        if name in names[:k]:
+            raise InvalidSpecError(f"split {name!r} appears twice")
+    return names
+
+
+def split_names_for(cuts: int, names: tuple[str, ...] | None) -> tuple[str, ...]:
     """Names of the ``cuts + 1`` splits made by time cut points."""
-    if fractions is not None:
-        if len(fractions) != cuts + 1:
+    if names is not None:
+        if len(names) != cuts + 1:
             raise InvalidSpecError(f"{cuts} split points make {cuts + 1} splits, but "
-                                   f"{len(fractions)} split names were given")
-        return tuple(fractions)
+                                   f"{len(names)} split names were given")
+        return names
     defaults = ("train", "val", "test")
     if cuts + 1 > len(defaults):
-        raise InvalidSpecError("more than 2 split points need names: --split a=..,b=..,..")
+        raise InvalidSpecError(f"{cuts} split points make {cuts + 1} splits: name them "
+                               "with --split (e.g. --split a,b,c,d)")
     return defaults[:cuts + 1]

@@ -57,7 +57,8 @@ from windowkit.formats import FORMAT_NAMES
                    "960s, 16min, 1h, 2D [default: 1.5 steps of each series: one missed "
                    "sample is a gap].")
 @click.option("--split", "splits", default=None,
-              help="Splits by fraction, e.g. train=0.8,val=0.1,test=0.1 [default: all train].")
+              help="Splits by fraction, e.g. train=0.8,val=0.1,test=0.1 [default: all train]; "
+                   "with --split-at, their names alone, e.g. fit,check,hold.")
 @click.option("--split-by", type=click.Choice(["time", "series"]), default="time",
               show_default=True, help="Cut each series in time, or assign whole series "
               "(seeded by --seed).")
@@ -65,7 +66,7 @@ from windowkit.formats import FORMAT_NAMES
               help="Split at increasing points in time of --time-col instead, e.g. "
                    "2015,2018 (on dates or timestamps a year is its 1 January), "
                    "2020-01-01,2022-01-01 or 2021-03-28T12:00+02:00 (UTC without an "
-                   "offset).")
+                   "offset); the splits are train, val, test unless --split names them.")
 @click.option("--split-context", type=click.Choice(["none", "history"]), default="none",
               show_default=True,
               help="history: a val/test window's inputs may come from the rows before its "

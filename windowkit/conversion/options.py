@@ -27,7 +27,13 @@ from windowkit.sources import (
     point_text,
 )
 from windowkit.spec import WindowSpec
-from windowkit.splits import SPLIT_CONTEXTS, SplitPlan, parse_fractions, split_names_for
+from windowkit.splits import (
+    SPLIT_CONTEXTS,
+    SplitPlan,
+    parse_fractions,
+    parse_split_names,
+    split_names_for,
+)
 
 DEFAULT_PART_BYTES = 64 << 20  # raw bytes of rows per part (data file)
 
@@ -42,6 +48,7 @@ class SplitOptions:
     at: str | Sequence[str | int] | None = None
     seed: int = 0
     context: str = "none"  # "history": val/test inputs may come from earlier rows
+    names: tuple[str, ...] | None = None  # of the splits ``at`` makes (default train, val, test)
 
     def plan(self, series: list[Series]) -> SplitPlan:
         rows = np.array([s.rows for s in series], dtype=np.int64)
@@ -50,7 +57,7 @@ class SplitOptions:
             unit = getattr(series[0], "time_unit", "")
             cuts = [parse_time(p, unit) for p in points]  # in the time column's own kind
             check_increasing_points(points, cuts)
-            names = split_names_for(len(cuts), self.fractions)
+            names = split_names_for(len(cuts), self.names)
             times = [s.times() if isinstance(s, StagedSeries) else None for s in series]
             return SplitPlan.at_times(times, cuts, names)
         if self.fractions is None:
@@ -108,8 +115,9 @@ class ConvertOptions:
             format=format, compression=compression,
             window=window if isinstance(window, WindowSpec) else WindowSpec(length=window),
             table=table or TableOptions(), seed=seed,
-            split=SplitOptions(parse_fractions(splits), split_by, split_at, seed,
-                               split_context),
+            split=SplitOptions(None, split_by, split_at, seed, split_context,
+                               parse_split_names(splits)) if split_at is not None else
+            SplitOptions(parse_fractions(splits), split_by, split_at, seed, split_context),
             target_columns=tuple(target_columns) if target_columns else None,
             known_columns=tuple(known_columns) if known_columns else None,
             **rest)  # type: ignore[arg-type]
@@ -191,7 +199,8 @@ _ARGUMENT_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "max_gap": ((str, *_INT, datetime.timedelta, _NONE),
                 "a number, a duration such as '5min' or pd.Timedelta('5min'), or None"),
     "splits": ((str, Mapping, _NONE), "a dict such as {'train': 0.8, 'val': 0.2}, a string "
-               "such as 'train=0.8,val=0.2', or None"),
+               "such as 'train=0.8,val=0.2' (with split_at: names alone, 'fit,check,hold'), "
+               "or None"),
     "split_by": ((str,), "'time' or 'series'"),
     "split_at": ((str, *_INT, Sequence, datetime.date, np.datetime64, _NONE),
                  "a time, a list of times or None"),
