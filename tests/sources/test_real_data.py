@@ -8,6 +8,7 @@ Each oracle is built independently with pandas from the same file.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -199,6 +200,89 @@ def test_iowa_electricity_yearly_with_leap_years(tmp_path: Path, concept_format:
     series = [g[["net_generation"]].to_numpy() for _, g in frame.groupby("source", sort=False)]
     x, _ = _windows(store)
     np.testing.assert_array_equal(x, oracle_windows(series, wk.WindowSpec(5))[0])
+
+
+def _epoch(batches: object) -> tuple[np.ndarray, np.ndarray]:
+    """One pass of a reader's (x, y) batches (tensors or NumPy; x a dict's inputs), joined."""
+    xs, ys = [], []
+    for x, y in batches:  # type: ignore[attr-defined]
+        x = x["inputs"] if isinstance(x, dict) else x
+        xs.append(np.asarray(x))
+        ys.append(np.asarray(y))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def test_gapminder_panel_as_shipped_gzip_compressed(tmp_path: Path, concept_format: str) -> None:
+    """142 countries x 12 observations five years apart (1952-2007), a ``.csv.gz``
+    with text columns: forecast life expectancy one step ahead, static
+    centroids, validation with history on each country's last three steps."""
+    frame = pd.read_csv(REAL / "gapminder.csv.gz")
+    refused = CliRunner().invoke(main, ["convert", str(REAL / "gapminder.csv.gz"), "--format",
+                                        concept_format, "--out", str(tmp_path / "no"), "--window",
+                                        "4", "--series-col", "country", "--time-col", "year"])
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1
+    assert "gapminder.csv.gz: column 'continent' is not numeric" in refused.output
+    features = ["lifeExp", "pop", "gdpPercap"]
+    store = _convert(tmp_path, concept_format, "gapminder.csv.gz", "--series-col", "country",
+                     "--time-col", "year", "--columns", ",".join(features), "--target-columns",
+                     "lifeExp", "--static-columns", "centroid_lat,centroid_lon", "--window", "4",
+                     "--horizon", "1", "--split", "train=0.75,val=0.25", "--split-context",
+                     "history")
+    countries = [g for _, g in frame.groupby("country", sort=False)]
+    assert store.manifest.series.count == 142 and store.manifest.series.gap_skipped_windows == 0
+    spec = wk.WindowSpec(4, horizon=1)
+    per_country = [oracle_windows([g[features].to_numpy()], spec) for g in countries]
+    for split, starts in (("train", slice(0, 5)), ("val", slice(5, 8))):  # 9 years train
+        want_x = np.concatenate([x[starts] for x, _ in per_country])
+        want_y = np.concatenate([y[starts][:, :, [0]] for _, y in per_country if y is not None])
+        x, y = store.windows(split, np.arange(store.num_windows(split)))
+        assert_windows_equal(x["inputs"], y, want_x, want_y, in_order=True)
+        static = np.repeat([g[["centroid_lat", "centroid_lon"]].to_numpy()[0]
+                            for g in countries], starts.stop - starts.start, axis=0)
+        np.testing.assert_array_equal(x["static"], static)
+        read = _epoch(store.tf_dataset(split, 64, shuffle=False))
+        assert_windows_equal(*read, want_x, want_y, in_order=True)
+    shown = CliRunner().invoke(main, ["inspect", str(store.path)]).output
+    assert re.search(r"windows \[val\]\s+426\s+\(target times 1997\.\.2007\)", shown), shown
+
+
+def test_microsoft_trading_days_across_weekends_and_closures(tmp_path: Path,
+                                                           concept_format: str) -> None:
+    """Daily MSFT prices and volumes on trading days, 1986-2017: weekends and
+    holidays (2-4 days) are no gap with ``--max-gap 4D``; the closures after
+    9/11, for President Ford and for hurricane Sandy are; splits at 2010 and 2014."""
+    frame = pd.read_csv(REAL / "msft.csv")
+    args = ["--time-col", "Date", "--columns", "Open,High,Low,Close,Volume", "--target-columns",
+            "Close", "--window", "20", "--horizon", "5", "--split-at", "2010,2014", "--split",
+            "fit,check,hold"]
+    refused = CliRunner().invoke(main, ["convert", str(REAL / "msft.csv"), "--format",
+                                        concept_format, "--out", str(tmp_path / "no"), *args])
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1
+    assert "would span a time gap" in refused.output and not (tmp_path / "no").exists()
+    store = _convert(tmp_path, concept_format, "msft.csv", *args, "--max-gap", "4D")
+    days = pd.to_datetime(frame["Date"])
+    closures = np.flatnonzero(days.diff() > pd.Timedelta(days=4)).tolist()
+    cuts = np.searchsorted(days, pd.to_datetime(["2010-01-01", "2014-01-01"])).tolist()
+    bounds = [0, *cuts, len(frame)]
+    values = frame[["Open", "High", "Low", "Close", "Volume"]].to_numpy(dtype=np.float64)
+    spec = wk.WindowSpec(20, horizon=5)
+    all_x, all_y = oracle_windows([values], spec)
+    assert all_y is not None and len(closures) == 3
+    for k, split in enumerate(("fit", "check", "hold")):
+        edges = sorted({bounds[k], bounds[k + 1], *(c for c in closures
+                                                      if bounds[k] < c < bounds[k + 1])})
+        keep = np.zeros(len(all_x), dtype=bool)
+        for a, b in itertools.pairwise(edges):
+            keep |= (np.arange(len(all_x)) >= a) & (np.arange(len(all_x)) + spec.span <= b)
+        want_x, want_y = all_x[keep], all_y[keep][:, :, [3]]
+        x, y = _windows(store, split)
+        assert_windows_equal(x, y, want_x, want_y, in_order=True)
+        for reader in (store.keras_dataset(split, 256, seed=k),
+                       store.torch_dataset(split, 256, seed=k)):
+            assert_windows_equal(*_epoch(reader), want_x, want_y, in_order=False)
+    assert store.manifest.series.gap_skipped_windows == 3 * (spec.span - 1)
+    shown = CliRunner().invoke(main, ["inspect", str(store.path)]).output
+    assert re.search(r"windows \[check\]\s+958\s+\(times 2010-01-04\.\.2013-12-31\)", shown)
 
 
 @pytest.mark.parametrize(("value", "message"), [
