@@ -139,6 +139,8 @@ def test_existing_target_is_refused_then_overwritten(npy_dir: Path, concept_form
     assert run(*base, "--window", 4).exit_code == 0
     result = run(*base, "--window", 8)
     assert result.exit_code == 2 and "target exists and is not empty" in result.output
+    assert "pass --overwrite to replace it" in result.output  # the CLI's flag, not Python's
+    assert "overwrite=True" not in result.output
     assert wk.open_store(out).spec.length == 4
     assert run(*base, "--window", 8, "--overwrite").exit_code == 0
     assert wk.open_store(out).spec.length == 8

@@ -91,8 +91,8 @@ def test_the_same_convert_again_has_nothing_to_do(tmp_path: Path) -> None:
     other = _run(*command[:-1], "51")
     assert other.returncode == 2
     assert other.stderr.splitlines() == [
-        f"windowkit: error: {out}: target exists and is not empty; pass overwrite=True "
-        "(--overwrite) to replace it"]
+        f"windowkit: error: {out}: target exists and is not empty; pass --overwrite to "
+        "replace it"]
     assert (tmp_path / "s" / "windowkit.json").read_bytes() == manifest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ppg.csv", "s"]
 

@@ -304,7 +304,7 @@ def _check_already_built(out: Path, built: Manifest, series: list[Series],
     nothing to do; else it is refused as any other store without ``overwrite``."""
     if plan_store(series, options).store_id != built.store_id:
         raise StoreExistsError(f"{out}: target exists and is not empty; "
-                               "pass overwrite=True (--overwrite) to replace it")
+                               "pass --overwrite to replace it")
     log.info("%s: already holds this conversion (the same sources and options); "
              "nothing to do", out)
 

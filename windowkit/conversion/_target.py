@@ -131,7 +131,7 @@ def check_target(out: Path, *, overwrite: bool, sources: Sequence[str] = ()) -> 
         return
     if not overwrite:
         raise StoreExistsError(f"{out}: target exists and is not empty; "
-                               "pass overwrite=True (--overwrite) to replace it")
+                               "pass --overwrite to replace it")
     problem = _foreign_content(out)
     if problem is not None:
         raise StoreExistsError(f"{out}: --overwrite replaces only a windowkit store or an "
