@@ -79,3 +79,24 @@ def test_a_file_that_is_not_what_its_name_says_is_one_line(tmp_path: Path) -> No
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert f"{tmp_path / 'plain.csv.gz'}: cannot read the table" in result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_the_size_estimate_counts_a_compressed_files_text(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk-space check's estimate, from a first block, is about the plain
+    file's (the text scaled by the block's compression), not 0, one file or several."""
+    from windowkit.sources import _datasets, _tables
+
+    monkeypatch.setattr(_datasets, "CSV_BLOCK_BYTES", 1 << 20)  # the text is several blocks
+    values = np.random.default_rng(0).normal(size=(60000, 3)).round(3)
+    text = pd.DataFrame(values).to_csv(index=False)
+    (tmp_path / "plain.csv").write_text(text)
+    packed = str(_write(tmp_path / "packed.csv.gz", text))
+    with open(packed, "rb") as fh:
+        _, size = _datasets.csv_sample(fh, packed, Path(packed).stat().st_size)
+    assert size == pytest.approx(len(text), rel=0.2)
+    rows, _ = _datasets.table_rows(_datasets.TableFiles("both", (packed, packed)))
+    assert rows == pytest.approx(2 * 60000, rel=0.2)
+    options = _tables.TableOptions()
+    assert _tables.estimate_staged_bytes(packed, options) == pytest.approx(
+        _tables.estimate_staged_bytes(str(tmp_path / "plain.csv"), options), rel=0.1)

@@ -103,7 +103,8 @@ def csv_sample(fh: Any, path: str, size: int) -> tuple[bytes, int]:
     its size scaled by the block's compression)."""
     if csv_codec(path) is None:
         return fh.read(CSV_BLOCK_BYTES), size
-    sample = bytes(csv_bytes(fh, path).read(CSV_BLOCK_BYTES))
+    stream = csv_bytes(fh, path)  # closes fh when it goes: ask fh first
+    sample = bytes(stream.read(CSV_BLOCK_BYTES))
     if len(sample) < CSV_BLOCK_BYTES:
         return sample, len(sample)  # the whole text
     return sample, int(size * len(sample) / max(1, fh.tell()))
