@@ -54,8 +54,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
 
 def _run(windows_s: float, rss: float = 800.0, **more: Any) -> dict[str, Any]:
-    return {"windows_s": windows_s, "peak_rss_mb": rss, "windows": 398_100,
-            "seconds": 398_100 / windows_s, **more}
+    return {"windows_s": windows_s, "cpu_windows_s": windows_s / 2, "peak_rss_mb": rss,
+            "windows": 398_100, "seconds": 398_100 / windows_s, **more}
 
 
 def _measured(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,7 +71,9 @@ def _measured(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     benchmark._save("throughput", rounds=2, raw_bytes=24 * 2**20,
                     tf_import={"peak_rss_mb": 761.0}, best=best,
                     convert={f: {"convert_mb_s": 77.0} for f in formats},
-                    disk_bytes={f: 24 * 2**20 for f in formats})
+                    disk_bytes={f: 24 * 2**20 for f in formats},
+                    cpu_bars=["zarr: tf_dataset spends 1.22x keras_dataset's CPU per window "
+                              "(bar 1.3x)"])
     mix = {"series": 4.8, "uniform_series": 20.0, "blocks": 2.9, "uniform_blocks": 25.0}
     benchmark._save("shuffling", rounds=2, best={
         "permuted": _run(1_500_000), **{f"{f} {m}": _run(1_876_543) for f in formats
@@ -135,7 +137,9 @@ def test_make_bench_figures_land_on_the_performance_page(
         for table in re.findall(r"(?:^\|.*\n?)+", region, re.M):  # each table's rows
             assert len({line.count("|") for line in table.splitlines()}) == 1, (part, table)
     x, dash = perf_page.X, perf_page.DASH
-    assert f"1,234,567 | **2.47{x}**" in _region(written, "throughput")  # vs 500,001 plain
+    throughput = _region(written, "throughput")
+    assert f"1,234,567 | 617,284 | **2.47{x}**" in throughput  # vs 500,001 plain; CPU
+    assert "- zarr: tf_dataset spends 1.22x keras_dataset's CPU per window" in throughput
     assert f"0.85{x} (0.80{dash}0.94)" in _region(written, "forecasting")
     assert "| TFRecord `tf_dataset` | 1,234,567 | 1,300,000 | 0.950 |" in _region(
         written, "throughput")  # per-block checks on against off

@@ -55,17 +55,29 @@ def _save(part: str, **figures: Any) -> None:
 
 
 # -- measurements (run inside child processes) ----------------------------------------
-def _time_batches(ds: Any, batches: int | None) -> tuple[int, float]:
+def _cpu_seconds() -> float:
+    """The process's CPU time so far (user + system, every thread)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def _time_batches(ds: Any, batches: int | None) -> dict[str, Any]:
+    """Windows taken from ``ds`` in a Python loop (after 5 warm-up batches),
+    the seconds it took and the process's CPU seconds meanwhile:
+    ``windows``, ``seconds``, ``windows_s``, ``cpu_windows_s`` (windows per
+    CPU-second) and the peak RSS so far."""
     it = iter(ds)
     for _ in range(5):  # warm-up: pipeline start, caches, autotune
         next(it)
-    windows, start = 0, time.perf_counter()
+    windows, start, cpu = 0, time.perf_counter(), _cpu_seconds()
     for i, batch in enumerate(it):
         x = batch[0] if isinstance(batch, tuple) else batch
         windows += int(x.shape[0])
         if batches is not None and i + 1 >= batches:
             break
-    return windows, time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    return {"windows": windows, "seconds": seconds, "windows_s": windows / seconds,
+            "cpu_windows_s": windows / max(cpu, 1e-9), "peak_rss_mb": peak_rss_mb()}
 
 
 def child_convert(source: str, out: str, fmt: str, workers: str = "1") -> dict[str, Any]:
@@ -107,9 +119,7 @@ def child_windowkit(store_path: str, batches: str, shuffle: str = "default") -> 
 
     store = wk.open_store(store_path)
     ds = store.tf_dataset("train", BATCH, shuffle=_shuffle_arg(shuffle), seed=0)
-    windows, seconds = _time_batches(ds, None if batches == "epoch" else int(batches))
-    return {"windows_s": windows / seconds, "windows": windows, "seconds": seconds,
-            "peak_rss_mb": peak_rss_mb()}
+    return _time_batches(ds, None if batches == "epoch" else int(batches))
 
 
 def child_block_checks(store_path: str, rounds: str) -> dict[str, Any]:
@@ -162,9 +172,7 @@ def child_keras(store_path: str, batches: str, workers: str = "1") -> dict[str, 
     batch_iter: Iterator[Any] = (
         (ds[i] for i in range(limit)) if threads == 1
         else _ordered_batches(ds, limit, threads, ds.max_queue_size))
-    windows, seconds = _time_batches(batch_iter, None)
-    return {"windows_s": windows / seconds, "windows": windows, "seconds": seconds,
-            "peak_rss_mb": peak_rss_mb(), "workers": threads}
+    return {**_time_batches(batch_iter, None), "workers": threads}
 
 
 def _materialized_windows(source_dir: str) -> np.ndarray:
@@ -181,9 +189,8 @@ def child_materialized(source_dir: str, batches: str) -> dict[str, Any]:
     windows = _materialized_windows(source_dir)
     ds = tf.data.Dataset.from_tensor_slices(windows).shuffle(10_000, seed=0).batch(BATCH)
     ds = ds.prefetch(tf.data.AUTOTUNE)
-    count, seconds = _time_batches(ds, None if batches == "epoch" else int(batches))
-    return {"windows_s": count / seconds, "windows": count, "seconds": seconds,
-            "peak_rss_mb": peak_rss_mb(), "materialized_bytes": windows.nbytes}
+    return {**_time_batches(ds, None if batches == "epoch" else int(batches)),
+            "materialized_bytes": windows.nbytes}
 
 
 def child_permuted(source_dir: str) -> dict[str, Any]:
@@ -194,9 +201,7 @@ def child_permuted(source_dir: str) -> dict[str, Any]:
     windows = _materialized_windows(source_dir)
     windows = windows[np.random.default_rng(0).permutation(len(windows))]
     ds = tf.data.Dataset.from_tensor_slices(windows).batch(BATCH).prefetch(tf.data.AUTOTUNE)
-    count, seconds = _time_batches(ds, None)
-    return {"windows_s": count / seconds, "windows": count, "seconds": seconds,
-            "peak_rss_mb": peak_rss_mb()}
+    return _time_batches(ds, None)
 
 
 def child_mixing(store_path: str, shuffle: str) -> dict[str, Any]:
@@ -384,7 +389,7 @@ def throughput(rounds: int) -> None:
           f"best of {rounds} full epochs; machine: {os.cpu_count()} cores")
     print("keras_dataset: windows/s with 1 worker (batches read in turn) and with 2 worker "
           "threads (in order, as Keras' workers=2 reads them)")
-    print(f"{'reader':<46}{'windows/s':>11}{'vs plain':>10}{'peak RSS':>11}"
+    print(f"{'reader':<46}{'windows/s':>11}{'per CPU-s':>11}{'vs plain':>10}{'peak RSS':>11}"
           f"{'disk/raw':>10}{'convert':>12}{'2 workers':>11}{'RSS':>8}")
     for f, reader in readers:
         r, c = best[(f, reader)], conv[f]
@@ -393,20 +398,35 @@ def throughput(rounds: int) -> None:
             r2 = best[(f, "keras_dataset x2")]
             two = f"{r2['windows_s']:>11,.0f}{r2['peak_rss_mb']:>5.0f} MB"
         print(f"{f + ' ' + reader + ' (windowkit)':<46}{r['windows_s']:>11,.0f}"
+              f"{r['cpu_windows_s']:>11,.0f}"
               f"{r['windows_s'] / plain:>9.2f}x{r['peak_rss_mb']:>8.0f} MB"
               f"{_disk_bytes(OUT / f'throughput-{f}') / raw:>9.2f}x"
               f"{c['convert_mb_s']:>7.0f} MB/s{two}")
     m = best["materialized"]
     print(f"{'plain: materialized windows, shuffle(10000)':<46}{m['windows_s']:>11,.0f}"
-          f"{1:>9.2f}x{m['peak_rss_mb']:>8.0f} MB")
+          f"{m['cpu_windows_s']:>11,.0f}{1:>9.2f}x{m['peak_rss_mb']:>8.0f} MB")
+    for line in cpu_bars(best, formats):
+        print(line)
     print(f"tensorflow import alone: peak RSS {tf_base['peak_rss_mb']:.0f} MB; "
           f"materialized windows: {m['materialized_bytes'] / 2**20:.0f} MiB")
     blocks = {f: _run_child("block_checks", str(OUT / f"throughput-{f}"), "9")
               for f in formats}
     _print_check_cost(readers, best, blocks)
     _save("throughput", rounds=rounds, raw_bytes=raw, tf_import=tf_base, convert=conv,
+          cpu_bars=cpu_bars(best, formats),
           best={k if isinstance(k, str) else " ".join(k): v for k, v in best.items()},
           disk_bytes={f: _disk_bytes(OUT / f"throughput-{f}") for f in formats})
+
+
+def cpu_bars(best: dict[Any, dict[str, Any]], formats: list[str]) -> list[str]:
+    """Per format: ``tf_dataset``'s CPU per window against ``keras_dataset``'s,
+    both taken in the same Python loop (the bar: at most 1.3x)."""
+    out = []
+    for f in formats:
+        tf_cpu, keras_cpu = (best[(f, r)]["cpu_windows_s"] for r in ("tf_dataset", "keras_dataset"))
+        out.append(f"{f}: tf_dataset spends {keras_cpu / tf_cpu:.2f}x keras_dataset's CPU per "
+                   "window (bar 1.3x)")
+    return out
 
 
 def _print_check_cost(readers: list[tuple[str, str]], best: dict[Any, dict[str, Any]],
@@ -452,17 +472,19 @@ def shuffling(rounds: int) -> None:
     base, mixes = best["permuted"]["windows_s"], {}
     print(f"data: the throughput data, L={LENGTH}, batch {BATCH}, best of {rounds} epochs; "
           f"baseline: every window materialized, permuted once, from_tensor_slices.batch")
-    print(f"{'tf_dataset':<22}{'windows/s':>11}{'vs permuted':>13}{'peak RSS':>11}"
-          f"{'series/batch':>14}{'blocks/batch':>14}")
+    print(f"{'tf_dataset':<22}{'windows/s':>11}{'per CPU-s':>11}{'vs permuted':>13}"
+          f"{'peak RSS':>11}{'series/batch':>14}{'blocks/batch':>14}")
     for f in formats:
         for mode in ("default", "global", "blocks"):
             r = best[f"{f} {mode}"]
             mix = mixes[f"{f} {mode}"] = _run_child("mixing", str(OUT / f"throughput-{f}"), mode)
-            print(f"{f + ' ' + mode:<22}{r['windows_s']:>11,.0f}{r['windows_s'] / base:>12.2f}x"
+            print(f"{f + ' ' + mode:<22}{r['windows_s']:>11,.0f}{r['cpu_windows_s']:>11,.0f}"
+                  f"{r['windows_s'] / base:>12.2f}x"
                   f"{r['peak_rss_mb']:>8.0f} MB{mix['series']:>8.1f} of {mix['uniform_series']:.1f}"
                   f"{mix['blocks']:>8.1f} of {mix['uniform_blocks']:.1f}")
     p = best["permuted"]
-    print(f"{'materialized, permuted':<22}{base:>11,.0f}{1:>12.2f}x{p['peak_rss_mb']:>8.0f} MB")
+    print(f"{'materialized, permuted':<22}{base:>11,.0f}{p['cpu_windows_s']:>11,.0f}"
+          f"{1:>12.2f}x{p['peak_rss_mb']:>8.0f} MB")
     tf_base = _run_child("tf_import")
     print(f"tensorflow import alone: peak RSS {tf_base['peak_rss_mb']:.0f} MB")
     _save("shuffling", rounds=rounds, best=best, mixing=mixes, tf_import=tf_base)

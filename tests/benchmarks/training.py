@@ -20,10 +20,16 @@ frameworks, beside the bytes of rows the line holds by design. The consumers:
   features of each step) on 2 cores, steps 200..3,200 timed by a callback,
   from ``tf_dataset`` (default and spilled), ``keras_dataset`` and the
   materialized windows (``from_tensor_slices(windows).batch(256)``);
+- ``fit trivial``: the same, with a model whose step costs next to nothing
+  (the mean of ``x`` over time, then one ``Dense`` unit, against zeros), where
+  the reader's own cost shows: the materialized windows, ``tf_dataset`` per
+  format (default) and spilled, and ``keras_dataset``;
 - ``torch loop``: the same model in PyTorch, an SGD step per batch, from
   ``torch_dataset`` through ``DataLoader(ds, batch_size=None)`` and from the
   materialized windows (a tensor, each batch one index by a random permutation);
-- ``loop``: a Python loop that only takes each batch: one core's NumPy gather
+- ``loop``: a Python loop that only takes each batch: the materialized
+  windows (``from_tensor_slices(windows).batch(256)``), ``tf_dataset`` per
+  format (as many windows as are materialized), one core's NumPy gather
   of the held rows (``np.take``'s limit), ``keras_dataset`` batch by batch,
   ``grain_batches`` under Grain and a 30-line Grain source whose item is a
   batch (one fancy index over a ``np.memmap``), both with Grain's
@@ -169,7 +175,18 @@ def _keras_model(features: int) -> Any:
     return model
 
 
-def _fit(data: Any, features: int, measure: Measure, **fit: Any) -> None:
+def _trivial_model(features: int) -> Any:
+    """A model whose step costs next to nothing (the mean of ``x`` over time,
+    then one weight per feature): what the reader's own cost shows under."""
+    import keras
+
+    model = keras.Sequential([keras.Input((LENGTH, features)),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _fit(data: Any, model: Any, measure: Measure, **fit: Any) -> None:
     """Keras ``fit`` for ``WARMUP + STEPS`` steps, steps after the warm-up timed."""
     import keras
 
@@ -182,7 +199,7 @@ def _fit(data: Any, features: int, measure: Measure, **fit: Any) -> None:
             if batch == WARMUP + STEPS - 1:
                 measure.stop(STEPS * BATCH)
 
-    _keras_model(features).fit(data, epochs=1, verbose=0, callbacks=[Clock()], **fit)
+    model.fit(data, epochs=1, verbose=0, callbacks=[Clock()], **fit)
 
 
 def _torch_loop(batches: Iterable[Any], features: int, measure: Measure) -> None:
@@ -237,7 +254,10 @@ def child_tf_function(store_path: str, source: str, how: str) -> dict[str, Any]:
     return measure.result(store.read_plan("train").rows_bytes())
 
 
-def child_fit(store_path: str, source: str, how: str) -> dict[str, Any]:
+def child_fit(store_path: str, source: str, how: str, trivial: bool = False
+              ) -> dict[str, Any]:
+    """Keras ``fit`` of the small autoencoder (``trivial``: of the trivial
+    model, :func:`_trivial_model`) from the reader ``how``."""
     import keras
     import tensorflow as tf
 
@@ -246,27 +266,36 @@ def child_fit(store_path: str, source: str, how: str) -> dict[str, Any]:
     tf.constant(0)
     measure, store = Measure(), wk.open_store(store_path)
     features, rows_bytes = store.step_shape[0], store.read_plan("train").rows_bytes()
+    model = (_trivial_model if trivial else _keras_model)(features)
     steps = WARMUP + STEPS
+
+    def target(x: Any) -> Any:  # an autoencoder's x, or the trivial model's zero
+        return tf.zeros([tf.shape(x)[0], 1]) if trivial else x
+
     if how == "keras_dataset":
         reader = store.keras_dataset("train", BATCH, shuffle=True, seed=0)
 
-        class Pairs(keras.utils.PyDataset):  # an autoencoder's (x, x)
+        class Pairs(keras.utils.PyDataset):
             def __len__(self) -> int:
                 return steps
 
             def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
                 x = reader[i]
-                return x, x
+                return x, (np.zeros((len(x), 1), np.float32) if trivial else x)
 
-        _fit(Pairs(), features, measure, shuffle=False)
+        _fit(Pairs(), model, measure, shuffle=False)
         return measure.result(rows_bytes)
     if how == "materialized":
         windows = _materialized(source)
         ds, rows_bytes = tf.data.Dataset.from_tensor_slices(windows).batch(BATCH), windows.nbytes
     else:
         ds = _tf_reader(store, how)
-    _fit(ds.map(lambda x: (x, x)).take(steps), features, measure)
+    _fit(ds.map(lambda x: (x, target(x))).take(steps), model, measure)
     return measure.result(rows_bytes)
+
+
+def child_fit_trivial(store_path: str, source: str, how: str) -> dict[str, Any]:
+    return child_fit(store_path, source, how, trivial=True)
 
 
 def child_torch(store_path: str, source: str, how: str) -> dict[str, Any]:
@@ -298,7 +327,7 @@ def _grain(source: Any, threads: int) -> Iterator[Any]:
 
 def _import_framework(reader: str) -> None:
     """What ``reader`` imports, before the baseline is taken."""
-    if reader == "keras_dataset":
+    if reader in ("keras_dataset", "materialized", "default", "spilled"):
         import keras  # noqa: F401
         import tensorflow as tf
 
@@ -323,6 +352,14 @@ def child_loop(store_path: str, source: str, how: str) -> dict[str, Any]:
     elif name == "keras_dataset":
         reader = store.keras_dataset("train", BATCH, shuffle=True, seed=0)
         _loop((reader[i] for i in range(len(reader))), measure)
+    elif name == "materialized":
+        import tensorflow as tf
+
+        windows = _materialized(source)
+        rows_bytes = windows.nbytes
+        _loop(iter(tf.data.Dataset.from_tensor_slices(windows).batch(BATCH)), measure)
+    elif name in ("default", "spilled"):
+        _loop(iter(_tf_reader(store, name)), measure, MATERIALIZED_BATCHES * BATCH)
     elif name == "grain_batches":
         _loop(_grain(store.grain_batches("train", BATCH, shuffle=True, seed=0), int(threads)),
               measure)
@@ -332,8 +369,8 @@ def child_loop(store_path: str, source: str, how: str) -> dict[str, Any]:
 
 
 CHILDREN: dict[str, Callable[[str, str, str], dict[str, Any]]] = {
-    "tf.function": child_tf_function, "fit": child_fit, "torch loop": child_torch,
-    "loop": child_loop}
+    "tf.function": child_tf_function, "fit": child_fit, "fit trivial": child_fit_trivial,
+    "torch loop": child_torch, "loop": child_loop}
 
 
 def lines(formats: list[str]) -> list[tuple[str, str, str]]:
@@ -344,7 +381,12 @@ def lines(formats: list[str]) -> list[tuple[str, str, str]]:
     out += [("tf.function", "spilled", first)]
     out += [("fit", how, first) for how in ("materialized", "default", "spilled",
                                             "keras_dataset")]
+    out += [("fit trivial", "materialized", first)]
+    out += [("fit trivial", "default", f) for f in formats]
+    out += [("fit trivial", how, first) for how in ("spilled", "keras_dataset")]
     out += [("torch loop", how, first) for how in ("materialized", "torch_dataset")]
+    out += [("loop", "materialized", first)]
+    out += [("loop", "default", f) for f in formats]
     out += [("loop", how, first) for how in ("np.take", "keras_dataset", "grain_batches:0",
                                              "grain_batches:1", "memmap:0", "memmap:1")]
     return out
@@ -395,23 +437,42 @@ def run(mib: int, formats: list[str], rounds: dict[str, int]) -> dict[str, Any]:
     return figures
 
 
-def _rate(results: list[dict[str, Any]], consumer: str, reader: str) -> float:
-    return next(r["windows_s"] for r in results
-                if r["consumer"] == consumer and r["reader"] == reader)
+def _line(results: list[dict[str, Any]], consumer: str, reader: str,
+          fmt: str | None = None) -> dict[str, Any]:
+    return next(r for r in results if r["consumer"] == consumer and r["reader"] == reader
+                and (fmt is None or r["format"] == fmt))
+
+
+def _rate(results: list[dict[str, Any]], consumer: str, reader: str,
+          fmt: str | None = None) -> float:
+    return float(_line(results, consumer, reader, fmt)["windows_s"])
 
 
 def bars(results: list[dict[str, Any]]) -> list[str]:
     """The issue's bars, each with its measured figure."""
+    formats = list(dict.fromkeys(r["format"] for r in results
+                                 if r["consumer"] == "loop" and r["reader"] == "default"))
     fit = _rate(results, "fit", "materialized")
-    keras_loop = _rate(results, "loop", "keras_dataset")
+    trivial = _rate(results, "fit trivial", "materialized")
+    loop = _rate(results, "loop", "materialized")
+    keras_loop = _line(results, "loop", "keras_dataset")
     out = [f"fit, default reader: {_rate(results, 'fit', 'default') / fit:.2f}x materialized "
            "(bar 0.95x)",
            f"fit, spilled: {_rate(results, 'fit', 'spilled') / fit:.2f}x materialized "
            "(bar 0.8x)"]
+    for f in formats:
+        cpu = _line(results, "loop", "default", f)["cpu_s_per_m"] / keras_loop["cpu_s_per_m"]
+        out += [f"{f}: tf_dataset's CPU per window in a loop {cpu:.2f}x keras_dataset's "
+                "(bar 1.3x)",
+                f"{f}: tf_dataset in a loop {_rate(results, 'loop', 'default', f) / loop:.2f}x "
+                "materialized (bar 1.3x)",
+                f"{f}: fit of the trivial model from tf_dataset "
+                f"{_rate(results, 'fit trivial', 'default', f) / trivial:.2f}x materialized "
+                "(bar 0.95x)"]
     for threads in ("0", "1"):
         grain = _rate(results, "loop", f"grain_batches:{threads}")
         out.append(f"grain_batches under Grain ({threads} threads): "
-                   f"{grain / keras_loop:.2f}x keras_dataset (bar 0.8x)")
+                   f"{grain / keras_loop['windows_s']:.2f}x keras_dataset (bar 0.8x)")
     over = [f"{r['consumer']} {r['reader']}" for r in results
             if r["reader"] not in REFERENCES and r["peak_over_mb"] > r["rows_mb"] + ROWS_SLACK_MB]
     out.append(f"windowkit's peak RSS over the import <= rows held + {ROWS_SLACK_MB} MiB: "
@@ -432,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="runs of each line, the best kept (fit lines: one more)")
     args = parser.parse_args(argv)
     rounds = {consumer: args.rounds for consumer in CHILDREN}
-    rounds["fit"] = args.rounds + 1  # the bars' lines, and the noisiest
+    rounds["fit"] = rounds["fit trivial"] = args.rounds + 1  # the bars' lines, the noisiest
     run(args.mib, args.formats, rounds)
 
 
