@@ -31,8 +31,11 @@ demo: $(STAMP)
 		$(BIN)/python fixtures/demo_train.py $(DEMO)/$$fmt || exit 1; \
 	done
 
+# tests run in TEST_WORKERS processes side by side (pytest-xdist; 2 fits the 2-core CI)
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow

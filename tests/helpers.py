@@ -23,6 +23,20 @@ SPEC = wk.WindowSpec(8, horizon=2)
 
 
 # -- series to convert ---------------------------------------------------------------------
+def free_ports(count: int = 1) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now (each bound once, then
+    released): safe for tests running side by side, unlike a fixed port."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
 def random_series(lengths: list[int], features: int = 3, seed: int = 0) -> list[np.ndarray]:
     """Float32 series of normal values, one per length, ``features`` wide."""
     rng = np.random.default_rng(seed)

@@ -24,7 +24,7 @@ pytest.importorskip("accelerate")
 
 import windowkit as wk
 from tests.conftest import oracle_windows
-from tests.helpers import numbered_series
+from tests.helpers import free_ports, numbered_series
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = [300, 170, 9, 140]
@@ -123,7 +123,7 @@ def test_lightning_defaults_are_exact(tmp_path: Path, strategy: str) -> None:
     script = tmp_path / "fit.py"
     script.write_text(_LIGHTNING)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29_400 + os.getpid() % 500)}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports()[0])}
     proc = subprocess.run([sys.executable, str(script), str(store.path), str(tmp_path / "out"),
                            strategy], env=env, capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
@@ -135,7 +135,7 @@ def test_accelerate_prepare_is_exact(tmp_path: Path) -> None:
     store, series = _store(tmp_path)
     script = tmp_path / "train.py"
     script.write_text(_ACCELERATE)
-    port = str(29_900 + os.getpid() % 500)
+    port = str(free_ports()[0])
     procs = []
     for rank in range(2):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
@@ -218,7 +218,7 @@ def test_lightning_ddp_killed_and_resumed_trains_each_window_once_an_epoch(
     runs = []
     for run, kill_at in enumerate([*at, -1]):
         devices = 2 if run <= kills // 2 else 1
-        port = str(29_000 + (os.getpid() + 7 * run) % 400)
+        port = str(free_ports()[0])
         out = tmp_path / f"out{run}"
         proc = subprocess.run([sys.executable, str(script), str(store.path), str(out),
                                str(tmp_path / "ckpt"), str(kill_at), str(devices)],
@@ -293,7 +293,7 @@ def test_accelerate_save_state_resumes_mid_epoch(tmp_path: Path) -> None:
     script.write_text(_ACCELERATE_PREEMPTED)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     for run, kill_at in enumerate((14, -1)):
-        port = str(29_500 + (os.getpid() + 11 * run) % 300)
+        port = str(free_ports()[0])
         procs = []
         for rank in range(2):
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",

@@ -15,7 +15,7 @@ import pytest
 
 import windowkit as wk
 from tests.conftest import collect_epoch
-from tests.helpers import sorted_rows, tagged_series
+from tests.helpers import free_ports, sorted_rows, tagged_series
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -221,18 +221,6 @@ _MULTI_WORKER = textwrap.dedent("""
 """)
 
 
-def _free_ports(count: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @pytest.mark.parametrize("mode", ["blocks", "global"])
 def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
                                                                 store: wk.Store,
@@ -242,7 +230,7 @@ def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
     all-reduce across both, and together they read the split once."""
     script = tmp_path / "multi_worker.py"
     script.write_text(_MULTI_WORKER)
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     total = store.num_windows("train")
     steps = total // 2 // 16  # every shard has as many windows
     procs = []
