@@ -210,12 +210,13 @@ _SWAPPED = textwrap.dedent("""
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_part_swapped_after_the_dataset_was_built_is_one_line(tmp_path: Path,
                                                                  fmt: str) -> None:
-    """For a FIFO, a socket and a directory, in every shuffle mode: one line
-    within 10 s, naming the part and what it is."""
+    """For a FIFO, a socket and a directory, each shuffle mode at least once
+    (the check is the part's, whatever reads it): one line within 10 s, naming
+    the part and what it is."""
     script = tmp_path / "swap.py"
     script.write_text(_SWAPPED)
-    cases = [(kind, shuffle) for kind in ("fifo", "socket", "directory")
-             for shuffle in ("false", "blocks", "true")]
+    cases = [("fifo", "false"), ("socket", "blocks"), ("directory", "false"),
+             ("directory", "blocks"), ("fifo", "true")]
     stores = [_plain(tmp_path / f"{kind}-{shuffle}", fmt).path for kind, shuffle in cases]
     asked = "".join(f"{path} {kind} {shuffle}\n"
                     for path, (kind, shuffle) in zip(stores, cases, strict=True))

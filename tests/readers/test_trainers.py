@@ -199,7 +199,7 @@ def _steps_of(path: Path) -> list[Any]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.parametrize("kills", [3, pytest.param(10, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kills", [2, pytest.param(10, marks=pytest.mark.slow)])
 def test_lightning_ddp_killed_and_resumed_trains_each_window_once_an_epoch(
         tmp_path: Path, kills: int) -> None:
     """Lightning ``Trainer(strategy="ddp")``, checkpointing every step, killed
