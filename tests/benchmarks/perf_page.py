@@ -320,8 +320,18 @@ def training(fig: dict[str, Any]) -> list[str]:
             f"{fig['series']} series {X} {fig['rows_per_series']:,} rows {X} 16 float32 "
             f"({fig['mib']} MiB); L={fig['length']}, batch {fig['batch']}; spilled: "
             f"`memory_budget` = {fig['spill_budget_mib']} MiB. `grain_batches:0` and "
-            "`memmap:0`: `ReadOptions(num_threads=0)`; `:1`: one thread, 4 batches ahead.",
+            "`memmap:0`: `ReadOptions(num_threads=0)`; `:1`: one thread, 4 batches ahead."
+            + _training_rounds(fig.get("rounds")),
             "", *_table(header, rows), "", *[f"- {line}" for line in fig["bars"]]]
+
+
+def _training_rounds(rounds: dict[str, int] | None) -> str:
+    """How many runs each line is the best of, when recorded."""
+    if not rounds:
+        return ""
+    fit, other = rounds.get("fit", 1), rounds.get("loop", 1)
+    return (f" Each line is the best of {other} run{'s' if other > 1 else ''} "
+            f"(the `fit` lines of {fit}), the rounds interleaved.")
 
 
 def gpu(fig: dict[str, Any]) -> list[str]:
