@@ -6,6 +6,7 @@ classes, and no pointer to a document outside the repository."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,10 @@ MAX_FUNCTION_LINES = 60  # of code, docstring left out
 MAX_CLASS_LINES = 200  # of code: docstrings, comments and blank lines left out
 
 
+@cache
 def _modules() -> dict[str, ast.Module]:
+    """Every module of the package, parsed once per process (the per-module
+    tests ask for it hundreds of times)."""
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
