@@ -31,11 +31,12 @@ demo: $(STAMP)
 		$(BIN)/python fixtures/demo_train.py $(DEMO)/$$fmt || exit 1; \
 	done
 
-# tests run in TEST_WORKERS processes side by side (pytest-xdist; 2 fits the 2-core CI)
+# tests run in TEST_WORKERS processes side by side (pytest-xdist; 2 fits the 2-core CI),
+# an idle one taking tests queued for the other (worksteal: the durations are uneven)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
