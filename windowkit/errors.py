@@ -9,9 +9,24 @@ from __future__ import annotations
 
 import importlib
 import numbers
+import os
 import re
+import sys
+from types import FrameType
 
 import numpy as np
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the calling function
+    name the first line outside windowkit: the user's."""
+    frame: FrameType | None = sys._getframe(1)  # the caller, which warns: level 1
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class WindowkitError(Exception):

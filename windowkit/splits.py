@@ -27,7 +27,7 @@ The split context says what a window of a validation or test split may read:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,10 +55,7 @@ def parse_fractions(value: str | Mapping[str, float] | None) -> dict[str, float]
         pairs = list(value.items())
     fractions: dict[str, float] = {}
     for name, number in pairs:
-        if not _NAME.fullmatch(str(name)):
-            raise InvalidSpecError(f"split name {name!r} is not a valid name")
-        if name in fractions:
-            raise InvalidSpecError(f"split {name!r} appears twice")
+        _check_name(name, fractions)
         try:
             fraction = float(number)
         except (TypeError, ValueError):
@@ -174,11 +171,16 @@ def parse_split_names(value: str | Mapping[str, float] | None) -> tuple[str, ...
             "--split-at, --split names the splits alone (e.g. --split train,val,test)")
     names = tuple(name.strip() for name in value.split(","))
     for k, name in enumerate(names):
-        if not _NAME.fullmatch(name):
-            raise InvalidSpecError(f"split name {name!r} is not a valid name")
-        if name in names[:k]:
-            raise InvalidSpecError(f"split {name!r} appears twice")
+        _check_name(name, names[:k])
     return names
+
+
+def _check_name(name: object, before: Collection[str]) -> None:
+    """A split's name: a valid one, not among the names ``before`` it."""
+    if not _NAME.fullmatch(str(name)):
+        raise InvalidSpecError(f"split name {name!r} is not a valid name")
+    if name in before:
+        raise InvalidSpecError(f"split {name!r} appears twice")
 
 
 def split_names_for(cuts: int, names: tuple[str, ...] | None) -> tuple[str, ...]:

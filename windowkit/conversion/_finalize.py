@@ -4,13 +4,10 @@ and the manifest, which is written last."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -22,7 +19,7 @@ from windowkit.conversion._parts import PartResult, merged_stats
 from windowkit.conversion._plan import StorePlan, history_hint, split_grid_windows
 from windowkit.conversion._workspace import Workspace
 from windowkit.conversion.options import ConvertOptions
-from windowkit.errors import InvalidSpecError
+from windowkit.errors import InvalidSpecError, user_stacklevel
 from windowkit.index import IndexWriter, grid_start, grid_windows, stretches_without
 from windowkit.manifest import STATIC_PREFIX, FileEntry, Manifest
 from windowkit.sources import StagedSeries
@@ -142,18 +139,7 @@ def notice(message: str, python: str | None = None) -> None:
         log.warning("%s", message)
         return
     warnings.warn(python or options.python_spelling(message), UserWarning,
-                  stacklevel=_caller_level())
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside windowkit (whose line a
-    warning then names)."""
-    package = os.path.dirname(os.path.dirname(__file__)) + os.sep
-    frame: FrameType | None = sys._getframe(1)  # calling warnings.warn: level 1
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
+                  stacklevel=user_stacklevel())
 
 
 def _why_none(gap_skipped: int, nan_skipped: int) -> str:

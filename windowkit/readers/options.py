@@ -14,7 +14,6 @@ How a plan is shuffled with them is :mod:`windowkit.readers.choice`.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import psutil
 
-from windowkit.errors import InvalidSpecError, check_bool, check_int
+from windowkit.errors import InvalidSpecError, check_bool, check_int, user_stacklevel
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
@@ -150,13 +149,5 @@ def warn_if_no_batch(plan: ReadPlan, batch: BatchOptions) -> None:
             f"split {plan.split!r}{where} has {windows} windows an epoch, fewer than one batch "
             f"of {batch.batch_size}: with drop_remainder=True an epoch yields no batch; "
             "lower batch_size or pass drop_remainder=False", UserWarning,
-            stacklevel=_first_caller_outside())
+            stacklevel=user_stacklevel())
 
-
-def _first_caller_outside() -> int:
-    """The ``stacklevel`` of the first caller outside windowkit (the user's line)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-            "windowkit"):
-        frame, level = frame.f_back, level + 1
-    return level

@@ -60,21 +60,21 @@ class TableFiles:
         return table_suffix(self.files[0]) == ".csv"
 
 
-def table_suffix(path: str) -> str:
-    """A table file's suffix, lower case (of a URL's path for a URL): ``.csv``
-    for a compressed CSV file too (``data.csv.gz``)."""
-    name = Path(urlsplit(path).path if is_url(path) else path).name.lower()
-    suffix = Path(name).suffix
-    if suffix in CSV_CODECS and Path(Path(name).stem).suffix == ".csv":
-        return ".csv"
-    return suffix
+def _file_name(path: str) -> Path:
+    """A file's name, lower case (of a URL's path for a URL)."""
+    return Path(Path(urlsplit(path).path if is_url(path) else path).name.lower())
 
 
 def csv_codec(path: str) -> str | None:
     """The codec of a compressed CSV file (``gzip`` for ``data.csv.gz``), else None."""
-    if table_suffix(path) != ".csv":
-        return None
-    return CSV_CODECS.get(Path(urlsplit(path).path if is_url(path) else path).suffix.lower())
+    name = _file_name(path)
+    return CSV_CODECS.get(name.suffix) if Path(name.stem).suffix == ".csv" else None
+
+
+def table_suffix(path: str) -> str:
+    """A table file's suffix, lower case (of a URL's path for a URL): ``.csv``
+    for a compressed CSV file too (``data.csv.gz``)."""
+    return ".csv" if csv_codec(path) else _file_name(path).suffix
 
 
 def table_stem(path: str) -> str:
@@ -103,7 +103,7 @@ def csv_sample(fh: Any, path: str, size: int) -> tuple[bytes, int]:
     its size scaled by the block's compression)."""
     if csv_codec(path) is None:
         return fh.read(CSV_BLOCK_BYTES), size
-    stream = csv_bytes(fh, path)  # closes fh when it goes: ask fh first
+    stream = csv_bytes(fh, path)  # it closes fh when it goes: fh.tell() while it lives
     sample = bytes(stream.read(CSV_BLOCK_BYTES))
     if len(sample) < CSV_BLOCK_BYTES:
         return sample, len(sample)  # the whole text

@@ -34,6 +34,7 @@ import pyarrow as pa
 from windowkit.errors import DiskSpaceError, SourceError, SourceNotFoundError, WindowkitError
 from windowkit.location import as_url_path, is_url, open_parquet, remote_errors, resolve
 from windowkit.sources._datasets import (
+    CSV_BLOCK_BYTES,
     TABLE_SUFFIXES,
     TableFiles,
     csv_bytes,
@@ -62,7 +63,6 @@ from windowkit.sources._time_checks import SeriesTimes
 from windowkit.sources._times import parse_gap, step_and_segments
 
 _BATCH_ROWS = 1 << 16
-_CSV_BLOCK_BYTES = 8 << 20
 DEFAULT_SORT_MEMORY = 1 << 30  # largest table (in memory) grouped by series there
 log = logging.getLogger("windowkit")
 
@@ -216,7 +216,7 @@ def _batches(source: Any, name: str, needed: list[str] | None,
                     names = headless_names(first_line(fh, path))
             with _remote_guard(path, remote), location.open("rb") as fh:
                 yield from csv.open_csv(csv_bytes(fh, path), read_options=csv.ReadOptions(
-                    block_size=_CSV_BLOCK_BYTES, column_names=names),
+                    block_size=CSV_BLOCK_BYTES, column_names=names),
                     convert_options=csv_text(text))
         else:
             yield from open_parquet(location).iter_batches(batch_size=_BATCH_ROWS,
