@@ -58,8 +58,8 @@ from tests.helpers import (
 )
 from windowkit.cli import main
 from windowkit.formats import get_format
-from windowkit.readers.keras import WindowPyDataset
-from windowkit.sampler import Sampler
+from windowkit.readers.epoch.sampler import Sampler
+from windowkit.readers.keras_pydataset import WindowPyDataset
 from windowkit.store import Windows
 from windowkit.verify import verify_store
 

@@ -208,12 +208,12 @@ def _tf_numpy_path(path: Path) -> Any:
     """:func:`_tf` with its groups read by the format's Python row reader."""
     import windowkit.readers.tf as tf_reader
 
-    original = tf_reader.tf_dataset
-    tf_reader.tf_dataset = functools.partial(original, graph_reads=False)  # type: ignore[assignment]
+    original = tf_reader.split_dataset
+    tf_reader.split_dataset = functools.partial(original, graph_reads=False)  # type: ignore[assignment]
     try:
         return _tf(path)
     finally:
-        tf_reader.tf_dataset = original  # type: ignore[assignment]
+        tf_reader.split_dataset = original  # type: ignore[assignment]
 
 
 def assert_graph_path_agrees(root: Path, want: dict[str, Any]) -> None:

@@ -141,3 +141,19 @@ def test_docstrings_point_at_nothing_outside_the_repository() -> None:
     for path in [*PACKAGE.rglob("*.py"), *Path(__file__).parent.rglob("*.py")]:
         text = path.read_text()
         assert not any(ref in text for ref in outside), path
+
+
+READER_METHODS = {"tf_dataset", "keras_dataset", "torch_dataset", "grain_source", "grain_batches"}
+
+
+def test_the_store_is_a_thin_facade() -> None:
+    """``Store`` takes its readers from the readers' modules (which document
+    their options once) and stays near 200 lines."""
+    store = next(node for node in ast.walk(_modules()["windowkit.store"])
+                 if isinstance(node, ast.ClassDef) and node.name == "Store")
+    assert (store.end_lineno or store.lineno) - store.lineno + 1 <= 200
+    own = {node.name for node in store.body if isinstance(node, ast.FunctionDef)}
+    assert not own & READER_METHODS, "a reader's method defined in Store itself"
+    import windowkit as wk
+
+    assert set(dir(wk.Store)) >= READER_METHODS

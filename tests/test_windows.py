@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import windowkit as wk
 from windowkit.readers.tf import batch_cutter
-from windowkit.windows import cut_windows
+from windowkit.readers.windows import cut_windows
 
 
 @st.composite

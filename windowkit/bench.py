@@ -232,7 +232,7 @@ def _tf_stages(store: Store, split: str, batch_size: int, seed: int,
 
     from windowkit.readers import DEFAULT_CACHE_BYTES
     from windowkit.readers.tf import batch_cutter
-    from windowkit.readers.tfdata_engine.groups import block_groups
+    from windowkit.readers.tfdata.groups import block_groups
 
     plan = store.read_plan(split)  # the read + decode stage, alone
     fields = plan.store.fields(False)  # the reader's batches: dict fields where the store has them
@@ -301,7 +301,7 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
     """How many series and storage blocks one epoch's batches of ``reader``
     (with ``shuffle``, one of :data:`SHUFFLES`) hold, next to a uniform
     permutation of the same windows."""
-    from windowkit.readers.choice import choose_shuffle
+    from windowkit.readers.epoch.choice import choose_shuffle
 
     plan = store.read_plan(split)
     layout = replace(plan.layout, dtype=np.dtype(np.float64), step_shape=(1,))
@@ -321,11 +321,11 @@ def batch_mixing(store: Store, *, split: str, batch_size: int, reader: str, shuf
                            cache_bytes=max(1, int(real.cache_bytes * scale)))
     batch = BatchOptions(batch_size, drop_remainder=True)
     if reader == "tf":
-        from windowkit.readers.tf import tf_dataset
+        from windowkit.readers.tf import split_dataset
 
-        batches: Any = iter(tf_dataset(numbered, batch, order))
+        batches: Any = iter(split_dataset(numbered, batch, order))
     else:
-        from windowkit.readers.keras import WindowPyDataset
+        from windowkit.readers.keras_pydataset import WindowPyDataset
 
         keras_ds = WindowPyDataset(numbered, batch, order)
         batches = (keras_ds[i] for i in range(len(keras_ds)))
@@ -470,7 +470,7 @@ def _stage_lines(report: BenchReport) -> list[str]:
 
 def shuffle_mode(store: Store, split: str, shuffle: str) -> tuple[str, int]:
     """What ``shuffle`` does on ``split`` at the default memory budget, and that budget."""
-    from windowkit.readers.choice import choose_shuffle
+    from windowkit.readers.epoch.choice import choose_shuffle
 
     plan = store.read_plan(split)
     choice = choose_shuffle(plan, SHUFFLES[shuffle_word(shuffle)])

@@ -4,48 +4,30 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from windowkit.errors import (
-    InvalidSpecError,
-    StoreReplacedError,
-    check_int,
-)
+from windowkit.errors import InvalidSpecError, StoreReplacedError
 from windowkit.formats import RowReader
 from windowkit.guard import StoreGuard
 from windowkit.index import IndexLimits, WindowRuns, index_positions
 from windowkit.layout import RowLayout
 from windowkit.location import resolve
 from windowkit.manifest import Manifest, SplitEntry, Statistics
-from windowkit.readers import (
-    DEFAULT_CACHE_BYTES,
-    BatchOptions,
-    ReadPlan,
-    ShardOptions,
-    ShuffleOptions,
-    StoreAccess,
-    WindowGather,
-    check_budget,
-    default_memory_budget,
-)
+from windowkit.readers import DEFAULT_CACHE_BYTES, ReadPlan, StoreAccess, WindowGather
+from windowkit.readers.grain import GrainReader
+from windowkit.readers.keras import KerasReader
+from windowkit.readers.tf import TfDatasetReader
+from windowkit.readers.torch import TorchReader
 from windowkit.series_table import SeriesTable
 from windowkit.spec import WindowSpec
 from windowkit.split_index import SplitIndexes
 from windowkit.stats import Normalizer
 
-if TYPE_CHECKING:
-    import tensorflow as tf
-
-    from windowkit.readers.grain import BatchGrainSource, WindowGrainSource
-    from windowkit.readers.keras import WindowPyDataset
-    from windowkit.readers.torch import WindowTorchDataset
-
-Windows = Any  # x, (x, y), or with fields a dict x: see windowkit.readers.numpy_engine.fields
+Windows = Any  # x, (x, y), or with fields a dict x: see windowkit.readers.fields
 
 
 def open_store(path: str | os.PathLike[str], *,
@@ -61,8 +43,12 @@ def open_store(path: str | os.PathLike[str], *,
     return Store(resolve(path, storage_options))
 
 
-class Store:
+class Store(TfDatasetReader, KerasReader, TorchReader, GrainReader):
     """A windowkit store on disk. Cheap to open; pickles (no open handles).
+
+    Its readers (:meth:`tf_dataset`, :meth:`keras_dataset`,
+    :meth:`torch_dataset`, :meth:`grain_source`, :meth:`grain_batches`) are
+    methods it takes from each reader's module, which documents their options.
 
     Readers notice when the store is replaced while they read it (e.g. by
     ``convert --overwrite``) and raise :class:`windowkit.StoreReplacedError`,
@@ -229,7 +215,7 @@ class Store:
         with a horizon, ``(x, y)``; ``x`` is a dict of fields (``inputs``,
         ``future_known``, ``static``, ``series``) when the store has known-future
         or static columns, or ``return_series`` (see
-        :mod:`windowkit.readers.numpy_engine.fields`). ``positions`` index as
+        :mod:`windowkit.readers.fields`). ``positions`` index as
         NumPy indexes: integers (negative from the end), a slice or a boolean
         mask; anything else is one line."""
         self._split(split)
@@ -244,234 +230,6 @@ class Store:
         return fields.assemble(x, horizon, series if fields.series else None,
                               targets=self.target_positions,
                               norm=self.access.normalizer() if normalize else None)
-
-    def _reader_plan(self, split: str, shard: ShardOptions) -> ReadPlan:
-        """The plan of ``split``, or of one shard of it: a contiguous piece of
-        the split's index, within one window of every other shard's."""
-        return self.read_plan(split).shard_of(shard.num_shards, shard.shard_index)
-
-    def tf_dataset(self, split: str = "train", batch_size: int = 256, *,
-                   shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
-                   normalize: bool = False, memory_budget: int | None = None,
-                   spill_dir: str | os.PathLike[str] | None = None,
-                   num_shards: int | None = None, shard_index: int | None = None,
-                   input_context: Any = None, device: str | None = None,
-                   service: str | None = None, return_series: bool = False,
-                   shuffle_blocks: int | None = None, cache_bytes: int | None = None,
-                   epoch: int = 0) -> tf.data.Dataset:
-        """A ``tf.data.Dataset`` of batches of windows: ``x``, or ``(x, y)`` with a horizon.
-
-        Every window of the split comes once per epoch; each iteration of the
-        dataset read to its end moves on to the next epoch (the first is
-        ``epoch``), each epoch's order fixed by ``seed`` and the epoch, as in
-        every other reader. An iterator saves and restores with
-        ``tf.train.Checkpoint`` (its epoch too). With
-        known-future or static columns in the store, or ``return_series``,
-        ``x`` is a dict ``{"inputs", "future_known", "static", "series"}``
-        (the keys configured).
-
-        :param split: the split to read (``store.splits``).
-        :param batch_size: windows per batch (the global batch with ``input_context``).
-        :param shuffle: ``True`` (default): the best mixing ``memory_budget``
-            allows: each epoch a uniform permutation of the split's windows when
-            its rows fit the budget, else block groups as large as it holds;
-            ``"global"``: a uniform permutation at any size, the rows beyond the
-            budget spilled once to local disk and read by random access;
-            ``"blocks"``: block groups; ``False``: index order.
-        :param seed: fixes every epoch's order.
-        :param drop_remainder: leave out the last, smaller batch of an epoch.
-        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
-        :param memory_budget: bytes the reader may hold (default: a quarter of
-            the available memory, at most 16 GiB).
-        :param spill_dir: where a uniform shuffle beyond the budget writes its
-            private, unlinked file (default ``$WINDOWKIT_SPILL_DIR``, else the
-            temporary directory).
-        :param num_shards: read one shard of ``num_shards`` (with ``shard_index``):
-            a contiguous piece of the split's index, within one window of every
-            other shard's, in the whole split's order of the epoch; every shard
-            yields as many batches (one short shard repeats its last window, or
-            with ``drop_remainder`` one long shard leaves its last one out).
-        :param shard_index: which shard, ``0 .. num_shards - 1``.
-        :param input_context: a ``tf.distribute.InputContext``: picks the shard
-            and turns the global ``batch_size`` into the replica's.
-        :param device: e.g. ``"/GPU:0"``: prefetch batches into that device's memory.
-        :param service: a tf.data dispatcher's address (TFRecord stores): the
-            split's files are read by the service's workers, each file by one
-            worker per epoch, windows mixed in a buffer of ``cache_bytes``.
-        :param return_series: add each window's series id to ``x``.
-        :param shuffle_blocks: experts: blocks per group (implies block groups).
-        :param cache_bytes: experts: bytes of blocks a block group holds
-            (implies block groups).
-        :param epoch: the epoch the first iteration reads (to go on from a
-            known epoch, as ``set_epoch`` does for PyTorch).
-        """
-        batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
-                                     normalize=normalize, return_series=return_series)
-        order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
-                                       spill_dir=spill_dir, cache_bytes=cache_bytes,
-                                       shuffle_blocks=shuffle_blocks)
-        shard = ShardOptions.checked(num_shards, shard_index, input_context=input_context)
-        if input_context is not None:
-            try:
-                batch = replace(batch, batch_size=int(
-                    input_context.get_per_replica_batch_size(batch.batch_size)))
-            except ValueError as exc:  # not divisible by the replicas
-                raise InvalidSpecError(f"batch_size: {exc}") from None
-        plan = self._reader_plan(split, shard)
-        from windowkit.readers.tf import tf_dataset
-
-        return tf_dataset(plan, batch, order, device=device, service=service,
-                          epoch=check_int("epoch", epoch, 0))
-
-    def keras_dataset(self, split: str = "train", batch_size: int = 256, *,
-                      shuffle: bool | str = True, seed: int = 0, drop_remainder: bool = False,
-                      normalize: bool = False, workers: int = 1,
-                      use_multiprocessing: bool = False, max_queue_size: int = 10,
-                      memory_budget: int | None = None,
-                      spill_dir: str | os.PathLike[str] | None = None,
-                      num_shards: int | None = None, shard_index: int | None = None,
-                      return_series: bool = False, cache_bytes: int | None = None
-                      ) -> WindowPyDataset:
-        """A ``keras.utils.PyDataset`` of batches of windows, a
-        :class:`windowkit.readers.keras.WindowPyDataset`: one batch loaded at a
-        time, on any Keras backend; pass ``shuffle=False`` to ``fit``.
-
-        :param split: the split to read.
-        :param batch_size: windows per batch.
-        :param shuffle: as for :meth:`tf_dataset`.
-        :param seed: fixes every epoch's order.
-        :param drop_remainder: leave out the last, smaller batch of an epoch.
-        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
-        :param workers: Keras' loader threads or processes.
-        :param use_multiprocessing: processes instead of threads.
-        :param max_queue_size: batches Keras queues ahead.
-        :param memory_budget: as for :meth:`tf_dataset`.
-        :param spill_dir: as for :meth:`tf_dataset`.
-        :param num_shards: as for :meth:`tf_dataset`.
-        :param shard_index: as for :meth:`tf_dataset`.
-        :param return_series: add each window's series id to ``x``.
-        :param cache_bytes: experts: bytes of blocks cached (implies block groups).
-        """
-        from windowkit.readers.keras import WindowPyDataset
-
-        batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
-                                     normalize=normalize, return_series=return_series)
-        order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
-                                       spill_dir=spill_dir, cache_bytes=cache_bytes)
-        plan = self._reader_plan(split, ShardOptions.checked(num_shards, shard_index))
-        return WindowPyDataset(plan, batch, order, workers=workers,
-                               use_multiprocessing=use_multiprocessing,
-                               max_queue_size=max_queue_size)
-
-    def torch_dataset(self, split: str = "train", batch_size: int = 256, *,
-                      shuffle: bool | str = True, seed: int = 0, normalize: bool = False,
-                      drop_remainder: bool = False, rank: int | None = None,
-                      world_size: int | None = None, return_series: bool = False,
-                      memory_budget: int | None = None,
-                      spill_dir: str | os.PathLike[str] | None = None,
-                      cache_bytes: int | None = None) -> WindowTorchDataset:
-        """A map-style ``torch.utils.data.Dataset`` whose item ``i`` is batch ``i``
-        of the epoch (tensors: ``x``, ``(x, y)``, or dicts of fields), a
-        :class:`windowkit.readers.torch.WindowTorchDataset`, for
-        ``DataLoader(ds, batch_size=None, num_workers=N)``; call
-        ``ds.set_epoch(e)`` before each epoch.
-
-        :param split: the split to read.
-        :param batch_size: windows per batch (per rank).
-        :param shuffle: as for :meth:`tf_dataset`.
-        :param seed: fixes every epoch's order (the same in every worker and rank).
-        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
-        :param drop_remainder: leave out the last, smaller batch of an epoch.
-        :param rank: this process's shard, ``0 .. world_size - 1`` (default:
-            ``torch.distributed``'s rank when it is initialized, else 0).
-        :param world_size: how many shards (default: ``torch.distributed``'s
-            world size when it is initialized, else 1). Each rank owns a
-            contiguous piece of the split (as ``num_shards`` does) and yields the
-            same number of batches; the dataset's items are every rank's batches,
-            interleaved, for a ``DistributedSampler(ds, shuffle=False)`` (which
-            Lightning and Accelerate add by default) to split.
-        :param return_series: add each window's series id to ``x``.
-        :param memory_budget: as for :meth:`tf_dataset` (per process).
-        :param spill_dir: as for :meth:`tf_dataset`.
-        :param cache_bytes: experts: bytes of blocks cached (implies block groups).
-        """
-        from windowkit.readers.numpy_engine.batches import EpochBatches
-        from windowkit.readers.torch import WindowTorchDataset, distributed_shard
-
-        batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
-                                     normalize=normalize, return_series=return_series)
-        order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
-                                       spill_dir=spill_dir, cache_bytes=cache_bytes)
-        rank, world_size = distributed_shard(rank, world_size)
-        plan = self.read_plan(split).shard_of(world_size, rank)
-        return WindowTorchDataset(EpochBatches(plan, batch, order), rank=rank,
-                                  world_size=world_size)
-
-    def grain_source(self, split: str = "train", *, normalize: bool = False,
-                     return_series: bool = False, memory_budget: int | None = None,
-                     spill_dir: str | os.PathLike[str] | None = None) -> WindowGrainSource:
-        """A Grain random-access data source of the split's windows, a
-        :class:`windowkit.readers.grain.WindowGrainSource`: ``src[i]`` is window
-        ``i`` (``x``, ``(x, y)`` or a dict of fields, no batch axis), for
-        ``grain.MapDataset.source(src).shuffle(seed=0).batch(B)``.
-
-        :param split: the split to read.
-        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
-        :param return_series: add each window's series id to ``x``.
-        :param memory_budget: bytes of rows held in memory per process (default
-            as for :meth:`tf_dataset`); beyond it they are spilled to local disk.
-        :param spill_dir: as for :meth:`tf_dataset`.
-        """
-        from windowkit.readers.grain import WindowGrainSource
-
-        batch = BatchOptions.checked(normalize=normalize, return_series=return_series)
-        budget = check_budget("memory_budget", memory_budget)
-        return WindowGrainSource(self.read_plan(split), normalize=batch.normalize,
-                                 return_series=batch.return_series,
-                                 memory_budget=default_memory_budget() if budget is None
-                                 else budget, spill_dir=spill_dir)
-
-    def grain_batches(self, split: str = "train", batch_size: int = 256, *,
-                      shuffle: bool | str = True, seed: int = 0, epoch: int = 0, epochs: int = 1,
-                      drop_remainder: bool = False, normalize: bool = False,
-                      return_series: bool = False, memory_budget: int | None = None,
-                      num_shards: int | None = None, shard_index: int | None = None,
-                      spill_dir: str | os.PathLike[str] | None = None) -> BatchGrainSource:
-        """A Grain random-access data source of whole batches, a
-        :class:`windowkit.readers.grain.BatchGrainSource`: ``src[i]`` is batch
-        ``i`` (NumPy: ``x``, ``(x, y)`` or a dict of fields), the same batch,
-        window for window, as :meth:`keras_dataset`'s of that epoch; for
-        ``grain.MapDataset.source(src)`` or ``grain.DataLoader(data_source=src,
-        ...)``, which then neither shuffle nor batch again. The fast Grain
-        source: Grain's cost per element is paid once a batch.
-
-        Grain hands a source indices below its ``len`` only (its own repeats
-        read the same items again), so the source holds ``epochs`` epochs one
-        after another, each in its own seeded order: item ``i`` is batch
-        ``i % src.batches_per_epoch`` of epoch ``epoch + i // src.batches_per_epoch``.
-
-        :param split: the split to read.
-        :param batch_size: windows per batch.
-        :param shuffle: as for :meth:`tf_dataset`.
-        :param seed: fixes every epoch's order.
-        :param epoch: the epoch of the first item (to go on from a known epoch).
-        :param epochs: how many epochs the source holds, one after another.
-        :param drop_remainder: leave out the last, smaller batch of an epoch.
-        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
-        :param return_series: add each window's series id to ``x``.
-        :param memory_budget: as for :meth:`tf_dataset` (per process: Grain's
-            worker processes each hold their own rows).
-        :param num_shards: as for :meth:`tf_dataset`; give the Grain sampler
-            ``grain.sharding.NoSharding()`` then (the source is the shard).
-        :param shard_index: as for :meth:`tf_dataset`.
-        :param spill_dir: as for :meth:`tf_dataset`.
-        """
-        from windowkit.readers.grain import batch_source
-
-        return batch_source(self.read_plan(split), batch_size, shuffle=shuffle, seed=seed,
-            epoch=epoch, epochs=epochs, drop_remainder=drop_remainder, normalize=normalize,
-            return_series=return_series, num_shards=num_shards, shard_index=shard_index,
-            memory_budget=memory_budget, spill_dir=spill_dir)
 
 
 def _as_dict(stats: Statistics | None) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ for one epoch, each reading in its own process:
   rows spilled to local disk, read by random access from the page cache;
 - ``spilled, cold``: the same, the spill dropped from the page cache first;
 - ``spilled, cold, NumPy``: the same, read by ``EpochBatches.batch_at`` (the
-  NumPy engine the Keras, PyTorch and Grain readers use) instead of ``tf.data``;
+  NumPy batches the Keras, PyTorch and Grain readers use) instead of ``tf.data``;
 - ``block groups``: ``shuffle="blocks"`` at the default budget, and at 64 MiB.
 
 Each reports windows/s, peak RSS over the import baseline, whether every
@@ -112,8 +112,8 @@ def child_epoch(store_path: str, mode: str) -> dict[str, Any]:
 
     import windowkit as wk
     from windowkit.readers import BatchOptions, ShuffleOptions
-    from windowkit.readers.numpy_engine.batches import EpochBatches
-    from windowkit.readers.tfdata_engine.uniform import uniform_dataset
+    from windowkit.readers.epoch.batches import EpochBatches
+    from windowkit.readers.tfdata.uniform import uniform_dataset
 
     tf.constant(0)  # the runtime loaded: the baseline includes it
     store = wk.open_store(store_path)
@@ -168,7 +168,7 @@ def disk_file(mib: int) -> Path:
     """A new file of real (allocated) blocks where a spill goes, twice the
     spill's size (at least 512 MiB): what :func:`disk_reads` reads at random
     (remove it after)."""
-    from windowkit.readers.numpy_engine.held import spill_directory
+    from windowkit.readers.rows.held import spill_directory
 
     path = spill_directory() / f"windowkit-bench-disk-{os.getpid()}.bin"
     piece = np.random.default_rng(0).integers(0, 255, 16 << 20, dtype=np.uint8).tobytes()

@@ -295,7 +295,7 @@ def child_gil(store_path: str, seconds: str, threads: str) -> dict[str, Any]:
     import numpy as np
 
     import windowkit as wk
-    from windowkit.readers.numpy_engine.loader import GroupLoader
+    from windowkit.readers.rows.loader import GroupLoader
 
     if threads == "1":
         import pyarrow as pa

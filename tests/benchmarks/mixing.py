@@ -18,7 +18,7 @@ import tempfile
 import numpy as np
 
 import windowkit as wk
-from windowkit.readers.numpy_engine.batches import EpochBatches
+from windowkit.readers.epoch.batches import EpochBatches
 from windowkit.readers.options import BatchOptions, ShuffleOptions
 from windowkit.readers.plan import ReadPlan
 

@@ -144,12 +144,12 @@ def _tf(store: wk.Store) -> Any:
     """One epoch of ``tf_dataset``, its groups read by the format's row reader."""
     import windowkit.readers.tf as tf_reader
 
-    original = tf_reader.tf_dataset
-    tf_reader.tf_dataset = functools.partial(original, graph_reads=False)  # type: ignore[assignment]
+    original = tf_reader.split_dataset
+    tf_reader.split_dataset = functools.partial(original, graph_reads=False)  # type: ignore[assignment]
     try:
         return collect_epoch(store.tf_dataset("train", 64, shuffle=False))
     finally:
-        tf_reader.tf_dataset = original  # type: ignore[assignment]
+        tf_reader.split_dataset = original  # type: ignore[assignment]
 
 
 def _torch(store: wk.Store) -> Any:

@@ -16,7 +16,7 @@ from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
 from windowkit.layout import RowLayout
 from windowkit.readers import BlockPool, WindowGather
-from windowkit.readers.numpy_engine.loader import GroupLoader
+from windowkit.readers.rows.loader import GroupLoader
 from windowkit.spec import WindowSpec
 
 BLOCK_ROWS = 4

@@ -19,9 +19,9 @@ tf = pytest.importorskip("tensorflow")
 def test_carried_batches_equal_rebatch(tmp_path: Path, batch_size: int,
                                        drop_remainder: bool, series: bool) -> None:
     from windowkit.readers.tf import batch_cutter
-    from windowkit.readers.tfdata_engine.carry import carried_batches
-    from windowkit.readers.tfdata_engine.cut import WindowCutter
-    from windowkit.readers.tfdata_engine.groups import block_groups
+    from windowkit.readers.tfdata.carry import carried_batches
+    from windowkit.readers.tfdata.cut import WindowCutter
+    from windowkit.readers.tfdata.groups import block_groups
 
     arrays = [np.column_stack([np.full(n, s), np.arange(n)]).astype(np.float32)
               for s, n in enumerate([700, 33, 900, 50, 12, 610])]

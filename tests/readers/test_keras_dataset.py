@@ -29,7 +29,7 @@ import windowkit as wk
 from tests.conftest import assert_windows_equal, oracle_windows, window_keys
 from tests.helpers import datasets, numbered_series
 from windowkit.readers import BatchOptions, ShuffleOptions
-from windowkit.readers.keras import WindowPyDataset
+from windowkit.readers.keras_pydataset import WindowPyDataset
 
 Epoch = tuple[np.ndarray, np.ndarray | None]
 LENGTHS = [500, 320, 7, 260]  # one series too short for a window

@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import windowkit as wk
-import windowkit.readers.shares as wk_shares
+import windowkit.readers.epoch.shares as wk_shares
 from tests.helpers import numbered_series
 from tests.readers.chaos_train import ids
 from windowkit.errors import InvalidSpecError, carried_error

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import windowkit as wk
-from windowkit.sampler import Sampler
+from windowkit.readers.epoch.sampler import Sampler
 
 
 @given(counts=st.lists(st.integers(0, 5), min_size=1, max_size=60),

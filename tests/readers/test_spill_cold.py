@@ -1,6 +1,6 @@
 """A spill read cold (dropped from the page cache: ``HeldRows.evict``) gives
 exactly the batches it gives warm and held in memory, whether its pages are
-asked for ahead (:class:`windowkit.readers.numpy_engine.held.SpillPrefetch`)
+asked for ahead (:class:`windowkit.readers.rows.held.SpillPrefetch`)
 or faulted in one by one; and a warm spill's are not."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import windowkit as wk
 from windowkit.errors import InvalidSpecError
 from windowkit.readers import BatchOptions, ShuffleOptions
-from windowkit.readers.numpy_engine import held as held_module
-from windowkit.readers.numpy_engine.batches import EpochBatches
+from windowkit.readers.epoch.batches import EpochBatches
+from windowkit.readers.rows import held as held_module
 
 SPEC = wk.WindowSpec(length=32, horizon=3, stride=1)
 TINY = 4096  # bytes of memory_budget: far below the store's rows, so they are spilled

@@ -24,7 +24,7 @@ import xxhash
 
 import windowkit as wk
 import windowkit.readers.tf as tf_reader
-import windowkit.readers.tfdata_engine.digests as digests
+import windowkit.readers.tfdata.digests as digests
 from tests.conftest import oracle_windows, window_keys
 from tests.helpers import graph_ops
 from windowkit.errors import carried_error
@@ -34,7 +34,7 @@ from windowkit.formats.tfrecord_io import (
     frame_record,
     unframe_record,
 )
-from windowkit.readers.tfdata_engine.xxh3 import length_class, xxh3_64
+from windowkit.readers.tfdata.xxh3 import length_class, xxh3_64
 from windowkit.verify import verify_store
 
 SPEC = wk.WindowSpec(6, stride=2, horizon=3)
@@ -60,13 +60,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> wk.Store:
 
 def _dataset(store: wk.Store, *, numpy_path: bool = False, **options: Any) -> tf.data.Dataset:
     """``store.tf_dataset("train", 32, ...)``, on the NumPy path if asked."""
-    original = tf_reader.tf_dataset
+    original = tf_reader.split_dataset
     if numpy_path:
-        tf_reader.tf_dataset = functools.partial(original, graph_reads=False)  # type: ignore[assignment]
+        tf_reader.split_dataset = functools.partial(original, graph_reads=False)  # type: ignore[assignment]
     try:
         return store.tf_dataset("train", 32, **options)
     finally:
-        tf_reader.tf_dataset = original  # type: ignore[assignment]
+        tf_reader.split_dataset = original  # type: ignore[assignment]
 
 
 def _epoch(ds: tf.data.Dataset) -> list[list[np.ndarray]]:

@@ -295,3 +295,19 @@ def test_distributed_data_parallel_on_two_gloo_ranks(tmp_path: Path) -> None:
         assert not keys[0] & keys[1] and keys[0] | keys[1] == want
         assert max(len(r["keys"][epoch]) - len(set(r["keys"][epoch])) for r in ranks) <= 1
     assert ranks[0]["keys"][0] != ranks[0]["keys"][1]  # a new order each epoch
+
+
+def test_the_dataset_classes_keep_their_old_import_paths() -> None:
+    """``windowkit.readers.keras`` and ``.torch`` hold the Store's methods and
+    import no framework; the classes they return, moved beside them, still
+    import from there."""
+    import windowkit.readers.keras as keras_reader
+    import windowkit.readers.torch as torch_reader
+    from windowkit.readers.keras_pydataset import WindowPyDataset
+    from windowkit.readers.torch_dataset import WindowSampler, WindowTorchDataset
+
+    assert keras_reader.WindowPyDataset is WindowPyDataset
+    assert torch_reader.WindowTorchDataset is WindowTorchDataset
+    assert torch_reader.WindowSampler is WindowSampler
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = torch_reader.nothing

@@ -17,11 +17,11 @@ from tests.conftest import assert_windows_equal, collect_epoch, oracle_windows
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
 from windowkit.readers import BatchOptions, ReadPlan, ShuffleOptions
-from windowkit.readers.choice import choose_shuffle
-from windowkit.readers.numpy_engine.batches import EpochBatches
-from windowkit.readers.numpy_engine.held import UniformOrder
+from windowkit.readers.epoch.batches import EpochBatches
+from windowkit.readers.epoch.choice import choose_shuffle
+from windowkit.readers.epoch.shares import ShardSequence, ShardShare
 from windowkit.readers.options import BUDGET_CAP, BUDGET_FLOOR, default_memory_budget
-from windowkit.readers.shares import ShardSequence, ShardShare
+from windowkit.readers.rows.held import UniformOrder
 
 SPEC = wk.WindowSpec(length=6, horizon=2, stride=2)
 TINY = 4096  # bytes: far below any test store's rows, so they are spilled
@@ -44,7 +44,7 @@ def numbered_store(fmt: str, tmp_path: Path) -> tuple[wk.Store, list[np.ndarray]
     return wk.convert(series, tmp_path / "s", format=fmt, window=SPEC, block_rows=64), series
 
 
-def _keras_epoch(ds: wk.readers.keras.WindowPyDataset) -> tuple[np.ndarray, np.ndarray]:
+def _keras_epoch(ds: wk.readers.keras_pydataset.WindowPyDataset) -> tuple[np.ndarray, np.ndarray]:
     batches = [ds[i] for i in range(len(ds))]
     return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
 

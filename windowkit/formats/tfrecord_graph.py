@@ -6,7 +6,7 @@ not windowkit).
 Two readers of the store's records (one series inside one block, with its halo):
 
 - :meth:`TFRecordGraphReader.blocks` (:class:`RecordBlocks`): groups of
-  storage blocks, for :mod:`windowkit.readers.tfdata_engine.reads`
+  storage blocks, for :mod:`windowkit.readers.tfdata.reads`
   (uncompressed parts: a GZIP part inflates from its start, so those stores
   keep the NumPy path). A group's records are runs of neighbours in a part;
   each run is one ranged read (``TFRecordDatasetV2`` from the run's byte

@@ -1,21 +1,22 @@
 """Reading a store's windows.
 
 What a reader needs is a read plan (:class:`ReadPlan`, built by
-:meth:`windowkit.Store.read_plan`); the readers themselves are
-:mod:`windowkit.readers.tf` (``tf.data``) and :mod:`windowkit.readers.keras`
-(a ``keras.utils.PyDataset``), imported when used since they load TensorFlow
-or Keras. This package also holds what both use: the epoch order and the
-block pool that cuts windows from decoded blocks.
+:meth:`windowkit.Store.read_plan`). The epoch, the same for every reader,
+is in :mod:`windowkit.readers.epoch`; a split's rows in
+:mod:`windowkit.readers.rows`; each framework's delivery in its own module:
+:mod:`windowkit.readers.tf` (``tf.data``), :mod:`windowkit.readers.keras`
+(a ``keras.utils.PyDataset``), :mod:`windowkit.readers.torch` and
+:mod:`windowkit.readers.grain`, whose reader methods :class:`windowkit.Store`
+takes; the frameworks are imported when a reader is built.
 """
 
-from windowkit.permutation import index_shuffle
-from windowkit.readers.numpy_engine.order import (
+from windowkit.readers.epoch.order import (
     EpochOrder,
     WindowOrder,
     block_first_positions,
     num_batches,
 )
-from windowkit.readers.numpy_engine.pool import DEFAULT_CACHE_BYTES, BlockPool, WindowGather
+from windowkit.readers.epoch.permutation import index_shuffle
 from windowkit.readers.options import (
     BatchOptions,
     ShardOptions,
@@ -25,6 +26,7 @@ from windowkit.readers.options import (
     default_memory_budget,
 )
 from windowkit.readers.plan import ReadPlan, StoreAccess
+from windowkit.readers.rows.pool import DEFAULT_CACHE_BYTES, BlockPool, WindowGather
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",

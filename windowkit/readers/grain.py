@@ -12,7 +12,7 @@ local disk).
 (:meth:`windowkit.Store.grain_batches`), the fast one: item ``i`` is a whole
 batch (NumPy: ``x``, ``(x, y)`` or a dict of fields), the Keras reader's batch
 of the same epoch window for window, cut by
-:class:`windowkit.readers.numpy_engine.batches.EpochBatches` with one gather;
+:class:`windowkit.readers.epoch.batches.EpochBatches` with one gather;
 Grain's cost per element is then paid once a batch::
 
     src = store.grain_batches("train", 256, epochs=10)
@@ -69,12 +69,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import check_int
-from windowkit.readers.numpy_engine.batches import Batch, EpochBatches
-from windowkit.readers.numpy_engine.held import HeldRows
-from windowkit.readers.options import BatchOptions, ShardOptions, ShuffleOptions
+from windowkit.readers.epoch.batches import Batch, EpochBatches
+from windowkit.readers.options import (
+    BatchOptions,
+    ShardOptions,
+    ShuffleOptions,
+    check_budget,
+    default_memory_budget,
+)
+from windowkit.readers.plan import PlanSource
+from windowkit.readers.rows.held import HeldRows
 
 if TYPE_CHECKING:
-    from windowkit.readers.numpy_engine.fields import BatchFields
+    from windowkit.readers.fields import BatchFields
     from windowkit.readers.plan import ReadPlan
     from windowkit.stats import Normalizer
 
@@ -179,24 +186,6 @@ class WindowGrainSource:
                 f"store_id={plan.store.store_id[:12]!r}, split={plan.split!r}, "
                 f"windows={len(self)}, normalize={self.normalize}, "
                 f"return_series={self.return_series})")
-
-
-def batch_source(plan: ReadPlan, batch_size: int = 256, *, shuffle: bool | str = True,
-                 seed: int = 0, epoch: int = 0, epochs: int = 1, drop_remainder: bool = False,
-                 normalize: bool = False, return_series: bool = False,
-                 num_shards: int | None = None, shard_index: int | None = None,
-                 memory_budget: int | None = None,
-                 spill_dir: str | os.PathLike[str] | None = None) -> BatchGrainSource:
-    """A :class:`BatchGrainSource` of ``plan`` (the whole split), its arguments
-    checked as :meth:`windowkit.Store.keras_dataset` checks them."""
-    batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
-                                 normalize=normalize, return_series=return_series)
-    order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
-                                   spill_dir=spill_dir)
-    shard = ShardOptions.checked(num_shards, shard_index)
-    batches = EpochBatches(plan.shard_of(shard.num_shards, shard.shard_index), batch, order)
-    return BatchGrainSource(batches, epoch=check_int("epoch", epoch, 0),
-                            epochs=check_int("epochs", epochs, 1))
 
 
 class BatchGrainSource:
@@ -305,3 +294,73 @@ def _item(batch: Any, k: int) -> Any:
     if isinstance(batch, tuple):
         return tuple(_item(part, k) for part in batch)
     return {key: value[k] for key, value in batch.items()}
+
+
+class GrainReader(PlanSource):
+    """:meth:`grain_source` and :meth:`grain_batches`, methods of :class:`windowkit.Store`."""
+
+    def grain_source(self, split: str = "train", *, normalize: bool = False,
+                     return_series: bool = False, memory_budget: int | None = None,
+                     spill_dir: str | os.PathLike[str] | None = None) -> WindowGrainSource:
+        """A Grain random-access data source of the split's windows, a
+        :class:`windowkit.readers.grain.WindowGrainSource`: ``src[i]`` is window
+        ``i`` (``x``, ``(x, y)`` or a dict of fields, no batch axis), for
+        ``grain.MapDataset.source(src).shuffle(seed=0).batch(B)``.
+
+        :param split: the split to read.
+        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
+        :param return_series: add each window's series id to ``x``.
+        :param memory_budget: bytes of rows held in memory per process (default
+            as for :meth:`tf_dataset`); beyond it they are spilled to local disk.
+        :param spill_dir: as for :meth:`tf_dataset`.
+        """
+        batch = BatchOptions.checked(normalize=normalize, return_series=return_series)
+        budget = check_budget("memory_budget", memory_budget)
+        return WindowGrainSource(self.read_plan(split), normalize=batch.normalize,
+                                 return_series=batch.return_series,
+                                 memory_budget=default_memory_budget() if budget is None
+                                 else budget, spill_dir=spill_dir)
+
+    def grain_batches(self, split: str = "train", batch_size: int = 256, *,
+                      shuffle: bool | str = True, seed: int = 0, epoch: int = 0, epochs: int = 1,
+                      drop_remainder: bool = False, normalize: bool = False,
+                      return_series: bool = False, memory_budget: int | None = None,
+                      num_shards: int | None = None, shard_index: int | None = None,
+                      spill_dir: str | os.PathLike[str] | None = None) -> BatchGrainSource:
+        """A Grain random-access data source of whole batches, a
+        :class:`windowkit.readers.grain.BatchGrainSource`: ``src[i]`` is batch
+        ``i`` (NumPy: ``x``, ``(x, y)`` or a dict of fields), the same batch,
+        window for window, as :meth:`keras_dataset`'s of that epoch; for
+        ``grain.MapDataset.source(src)`` or ``grain.DataLoader(data_source=src,
+        ...)``, which then neither shuffle nor batch again. The fast Grain
+        source: Grain's cost per element is paid once a batch.
+
+        Grain hands a source indices below its ``len`` only (its own repeats
+        read the same items again), so the source holds ``epochs`` epochs one
+        after another, each in its own seeded order: item ``i`` is batch
+        ``i % src.batches_per_epoch`` of epoch ``epoch + i // src.batches_per_epoch``.
+
+        :param split: the split to read.
+        :param batch_size: windows per batch.
+        :param shuffle: as for :meth:`tf_dataset`.
+        :param seed: fixes every epoch's order.
+        :param epoch: the epoch of the first item (to go on from a known epoch).
+        :param epochs: how many epochs the source holds, one after another.
+        :param drop_remainder: leave out the last, smaller batch of an epoch.
+        :param normalize: ``(x - mean) / std`` with the training rows' statistics.
+        :param return_series: add each window's series id to ``x``.
+        :param memory_budget: as for :meth:`tf_dataset` (per process: Grain's
+            worker processes each hold their own rows).
+        :param num_shards: as for :meth:`tf_dataset`; give the Grain sampler
+            ``grain.sharding.NoSharding()`` then (the source is the shard).
+        :param shard_index: as for :meth:`tf_dataset`.
+        :param spill_dir: as for :meth:`tf_dataset`.
+        """
+        batch = BatchOptions.checked(batch_size, drop_remainder=drop_remainder,
+                                     normalize=normalize, return_series=return_series)
+        order = ShuffleOptions.checked(shuffle, seed=seed, memory_budget=memory_budget,
+                                       spill_dir=spill_dir)
+        plan = self._shard_plan(split, ShardOptions.checked(num_shards, shard_index))
+        return BatchGrainSource(EpochBatches(plan, batch, order),
+                                epoch=check_int("epoch", epoch, 0),
+                                epochs=check_int("epochs", epochs, 1))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import grain
 
 from windowkit.errors import InvalidSpecError
-from windowkit.readers.saved import ADOPTING_KEYS, check_saved_for, saved_order
+from windowkit.readers.epoch.saved import ADOPTING_KEYS, check_saved_for, saved_order
 
 if TYPE_CHECKING:
     from windowkit.readers.grain import BatchGrainSource

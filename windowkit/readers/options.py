@@ -8,7 +8,7 @@ readers take the values, not a dozen keywords each:
 - :class:`ShuffleOptions`: the order of the windows and the memory it may take;
 - :class:`ShardOptions`: which share of the split this reader reads.
 
-How a plan is shuffled with them is :mod:`windowkit.readers.choice`.
+How a plan is shuffled with them is :mod:`windowkit.readers.epoch.choice`.
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ from windowkit.formats.base import ReaderSetup
 from windowkit.guard import StoreGuard
 from windowkit.index import WindowRuns
 from windowkit.layout import RowLayout
-from windowkit.readers.numpy_engine.fields import BatchFields
-from windowkit.readers.numpy_engine.order import block_first_positions
-from windowkit.readers.numpy_engine.pool import DEFAULT_CACHE_BYTES, WindowGather
+from windowkit.readers.epoch.order import block_first_positions
+from windowkit.readers.epoch.shares import ShardShare
+from windowkit.readers.fields import BatchFields
 from windowkit.readers.options import ShardOptions
-from windowkit.readers.shares import ShardShare
+from windowkit.readers.rows.pool import DEFAULT_CACHE_BYTES, WindowGather
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
 
@@ -166,3 +166,17 @@ class ReadPlan:
                               where=f"{self.store.path}: split {self.split!r}")
         return replace(self, runs=self.runs.select_positions(share.lo, share.hi), share=share,
                        split_runs=self.runs)
+
+
+class PlanSource:
+    """What a store's reader methods (``tf_dataset``, ``keras_dataset``,
+    ``torch_dataset``, the Grain sources: each in its reader's module, mixed
+    into :class:`windowkit.Store`) need of the store: a split's read plan."""
+
+    def read_plan(self, split: str = "train") -> ReadPlan:
+        raise NotImplementedError
+
+    def _shard_plan(self, split: str, shard: ShardOptions) -> ReadPlan:
+        """The plan of ``split``, or of one shard of it: a contiguous piece of
+        the split's index, within one window of every other shard's."""
+        return self.read_plan(split).shard_of(shard.num_shards, shard.shard_index)

@@ -18,11 +18,11 @@ no Python per window.
 
 :class:`UniformOrder` says which windows a batch holds: batch ``b`` of an
 epoch holds the windows at epoch positions ``b*B .. b*B+B-1`` of a keyed
-bijection of the split's windows (:mod:`windowkit.permutation`), a new key
+bijection of the split's windows (:mod:`windowkit.readers.epoch.permutation`), a new key
 each epoch; nothing is materialized, and an iterator's position is all its
 state. Sharded, a shard holds only the rows of its own windows, and its epoch
 is the split's permutation restricted to them
-(:class:`windowkit.readers.numpy_engine.batches.EpochBatches` puts the two
+(:class:`windowkit.readers.epoch.batches.EpochBatches` puts the two
 together for every reader).
 """
 
@@ -47,10 +47,10 @@ import psutil
 from windowkit._progress import human_size
 from windowkit.errors import DiskSpaceError, InvalidSpecError, WindowkitError
 from windowkit.index import WindowRuns
-from windowkit.permutation import KeyedPermutations
+from windowkit.readers.epoch.permutation import KeyedPermutations
+from windowkit.readers.epoch.sampler import uniform_key
 from windowkit.readers.plan import ReadPlan
-from windowkit.sampler import uniform_key
-from windowkit.windows import cut_from_views, window_views
+from windowkit.readers.windows import cut_from_views, window_views
 
 SPILL_DIR_ENV = "WINDOWKIT_SPILL_DIR"
 LOAD_BYTES = 16 << 20  # rows read at once while loading (two such reads in flight)
@@ -371,7 +371,7 @@ def _load(plan: ReadPlan, placement: HeldPlacement,
     """Read every load of ``placement`` in order (the next one read while this one
     is put), record where each block landed, and hand ``put(base, rows)`` the
     rows (C-contiguous)."""
-    from windowkit.readers.numpy_engine.loader import GroupLoader
+    from windowkit.readers.rows.loader import GroupLoader
 
     loader = GroupLoader.of(plan)
 
@@ -400,7 +400,7 @@ def _ahead(pool: ThreadPoolExecutor, read: Any, loads: list[Any]) -> Iterator[An
 
 class UniformOrder:
     """Every epoch a keyed uniform permutation of the split's windows
-    (:func:`windowkit.sampler.uniform_key`): where epoch position ``p`` of
+    (:func:`windowkit.readers.epoch.sampler.uniform_key`): where epoch position ``p`` of
     epoch ``e`` is, computed directly, nothing materialized."""
 
     def __init__(self, runs: WindowRuns, *, seed: int) -> None:

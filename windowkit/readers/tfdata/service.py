@@ -3,7 +3,7 @@ workers (TensorFlow, no windowkit) can run it.
 
 The NumPy path reads rows with the format's Python row reader (in a
 ``numpy_function``), which does not travel to a tf.data worker; the graph
-path of TFRecord block groups (:mod:`windowkit.readers.tfdata_engine.reads`)
+path of TFRecord block groups (:mod:`windowkit.readers.tfdata.reads`)
 has no Python but reads the sampler's groups in one process. A format whose
 files TensorFlow reads by itself offers a graph reader
 (``open_graph_reader``: TFRecord, through ``TFRecordDataset``); then:
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from windowkit.errors import InvalidSpecError
 from windowkit.formats.base import ReadsInGraph
 from windowkit.location import is_remote
-from windowkit.readers.numpy_engine.fields import BatchFields
-from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, window_cutter
+from windowkit.readers.fields import BatchFields
+from windowkit.readers.tfdata.cut import PREFETCH_BATCHES, window_cutter
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -76,7 +76,7 @@ def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int
     the split -> their windows -> shuffled batches, all in the graph."""
     import tensorflow as tf
 
-    from windowkit.readers.tfdata_engine.groups import BlockWindows
+    from windowkit.readers.tfdata.groups import BlockWindows
 
     storage = plan.store.storage
     assert isinstance(storage, ReadsInGraph)  # check_service_plan said so

@@ -7,7 +7,7 @@ A saved position names the epoch order it was saved in (``order``: ``"index"``,
 built the reader (uniform when the split's rows fit it, else block groups as
 large as it holds), so it travels with every saved state: a reader that
 restores one goes on in the saved order (the NumPy readers adopt it, see
-:meth:`windowkit.readers.numpy_engine.batches.EpochBatches.adopt_order`), or
+:meth:`windowkit.readers.epoch.batches.EpochBatches.adopt_order`), or
 says in one line how to build it so (``tf.data``, whose order is its graph).
 """
 

@@ -12,7 +12,7 @@ The same order is computed in NumPy (:class:`windowkit.readers.EpochOrder`)
 and in the graph (the ``tf.data`` readers, :meth:`Sampler.tf_epoch`);
 the two are tested equal. Keras
 permutes a group's windows with a keyed permutation
-(:mod:`windowkit.permutation`), ``tf.data`` with ``stateless_shuffle`` seeded
+(:mod:`windowkit.readers.epoch.permutation`), ``tf.data`` with ``stateless_shuffle`` seeded
 by the group's key. Either way a window's batch-mates come from the ``group``
 blocks of its group.
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from windowkit.errors import InvalidSpecError, check_int
-from windowkit.permutation import GOLDEN, mix, tf_mix
+from windowkit.readers.epoch.permutation import GOLDEN, mix, tf_mix
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -8,13 +8,13 @@ The Keras ``PyDataset``, the PyTorch ``Dataset`` and the Grain source are thin
 front ends over it.
 
 How batches are cut follows the shuffle chosen for the plan
-(:func:`windowkit.readers.choice.choose_shuffle`): a uniform shuffle holds
-the split's rows once (:mod:`windowkit.readers.numpy_engine.held`) and cuts a
+(:func:`windowkit.readers.epoch.choice.choose_shuffle`): a uniform shuffle holds
+the split's rows once (:mod:`windowkit.readers.rows.held`) and cuts a
 batch with one NumPy gather; block groups and index order cut from a cache of
-decoded blocks (:mod:`windowkit.readers.numpy_engine.pool`).
+decoded blocks (:mod:`windowkit.readers.rows.pool`).
 
 Sharded, an epoch is the whole split's order restricted to the shard's own
-windows (:mod:`windowkit.readers.shares`), padded (its last window repeated)
+windows (:mod:`windowkit.readers.epoch.shares`), padded (its last window repeated)
 or trimmed so that every shard yields the same number of batches (what
 distributed training needs: every rank steps together).
 
@@ -33,12 +33,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from windowkit.errors import InvalidSpecError, check_int
-from windowkit.readers.choice import epoch_order, shuffle_choice
-from windowkit.readers.numpy_engine.held import HeldRows, UniformOrder
-from windowkit.readers.numpy_engine.order import EpochOrder, WindowOrder, num_batches
-from windowkit.readers.numpy_engine.pool import WindowGather
-from windowkit.readers.options import BatchOptions, ShuffleOptions, warn_if_no_batch
-from windowkit.readers.saved import (
+from windowkit.readers.epoch.choice import epoch_order, shuffle_choice
+from windowkit.readers.epoch.order import EpochOrder, WindowOrder, num_batches
+from windowkit.readers.epoch.saved import (
     check_epoch,
     check_order,
     check_saved_for,
@@ -46,7 +43,7 @@ from windowkit.readers.saved import (
     saved_for,
     saved_order,
 )
-from windowkit.readers.shares import (
+from windowkit.readers.epoch.shares import (
     EpochStop,
     ShardSequence,
     ShardShare,
@@ -55,12 +52,15 @@ from windowkit.readers.shares import (
     saved_lead,
     windows_left,
 )
+from windowkit.readers.options import BatchOptions, ShuffleOptions, warn_if_no_batch
+from windowkit.readers.rows.held import HeldRows, UniformOrder
+from windowkit.readers.rows.pool import WindowGather
 from windowkit.stats import Normalizer
 
 if TYPE_CHECKING:
     from windowkit.readers.plan import ReadPlan
 
-Batch = Any  # x, (x, y), or with fields a dict x (windowkit.readers.numpy_engine.fields)
+Batch = Any  # x, (x, y), or with fields a dict x (windowkit.readers.fields)
 
 # built per process, never pickled; "_held" is kept by forked workers (shared rows)
 _PROCESS_LOCAL = ("_lock", "_pid", "_local", "_checked_epoch", "_resumed_sequence")
@@ -143,7 +143,7 @@ class EpochBatches:
         return self.choice.uniform or self.epoch_order == "uniform"
 
     def adopt_order(self, order: str) -> None:
-        """Follow the epoch order ``order`` (:func:`windowkit.readers.saved.order_name`)
+        """Follow the epoch order ``order`` (:func:`windowkit.readers.epoch.saved.order_name`)
         from now on: the order a saved state was saved in, whatever this
         machine's memory budget would choose. Batches are cut as before (from
         held rows, or from the block cache, whose memory stays within the

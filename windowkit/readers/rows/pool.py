@@ -20,8 +20,8 @@ import numpy as np
 from windowkit.errors import StoreError
 from windowkit.formats.base import RowReader
 from windowkit.layout import RowLayout
+from windowkit.readers.windows import cut_from_views, window_views
 from windowkit.spec import WindowSpec
-from windowkit.windows import cut_from_views, window_views
 
 DEFAULT_CACHE_BYTES = 24 << 20
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tensorflow.python.data.ops import dataset_ops, iterator_ops
 
 from windowkit.errors import InvalidSpecError
-from windowkit.readers.saved import GRAPH_KEYS, check_epoch, check_saved_for
+from windowkit.readers.epoch.saved import GRAPH_KEYS, check_epoch, check_saved_for
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -125,7 +125,7 @@ _OTHER_READER = (f"{InvalidSpecError.__module__}.{InvalidSpecError.__name__}: th
 
 
 def reader_guard(saved_for: dict[str, Any]) -> int:
-    """30 bits naming what a reader is for (:func:`windowkit.readers.saved.saved_for`)."""
+    """30 bits naming what a reader is for (:func:`windowkit.readers.epoch.saved.saved_for`)."""
     text = json.dumps({key: saved_for[key] for key in GRAPH_KEYS}, sort_keys=True).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=4).digest(), "big") >> 2
 
@@ -136,7 +136,7 @@ Build = Callable[[EpochCounter, "int | None"], "tf.data.Dataset"]  # (counter, e
 def epoched(build: Build, counter: EpochCounter, saved_for: dict[str, Any],
             epochs: int | None = 1) -> tf.data.Dataset:
     """``build(counter, epochs)`` as an :class:`EpochedDataset` (``saved_for``:
-    what its checkpoints are for, see :func:`windowkit.readers.saved.saved_for`)."""
+    what its checkpoints are for, see :func:`windowkit.readers.epoch.saved.saved_for`)."""
     return EpochedDataset(build, counter, epochs, saved_for)
 
 

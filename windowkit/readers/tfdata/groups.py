@@ -7,7 +7,7 @@ and the positions in ``rows`` of the split's windows that start in them. The
 epoch's groups come from the sampler, computed in the graph for the epoch the
 reader's counter holds (block ids only, never data); a group's rows are read
 ahead of the consumer, one group at a time
-(:mod:`windowkit.readers.tfdata_engine.reads`: TensorFlow's own ops for a
+(:mod:`windowkit.readers.tfdata.reads`: TensorFlow's own ops for a
 local, uncompressed TFRecord store; else one ``numpy_function`` call per group,
 the format's row reader). :class:`BlockWindows` finds the split's window starts
 per block, a lookup in the graph. :mod:`windowkit.readers.tf` then cuts the
@@ -22,10 +22,10 @@ import numpy as np
 
 from windowkit.index import WindowRuns
 from windowkit.location import is_remote
-from windowkit.permutation import tf_permute
-from windowkit.readers.choice import group_size
-from windowkit.readers.tfdata_engine.reads import group_reads
-from windowkit.sampler import Sampler
+from windowkit.readers.epoch.choice import group_size
+from windowkit.readers.epoch.permutation import tf_permute
+from windowkit.readers.epoch.sampler import Sampler
+from windowkit.readers.tfdata.reads import group_reads
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -115,14 +115,14 @@ class BlockGroups:
     the whole split's blocks in the epoch's order, ``group`` at a time (sized
     from the whole split, so the same in every shard), the windows of a group
     (its blocks' windows in index order) permuted by the group's keyed
-    permutation (:func:`windowkit.permutation.tf_permute`, the NumPy engine's
+    permutation (:func:`windowkit.readers.epoch.permutation.tf_permute`, the NumPy readers'
     numbers), restricted to the plan's own windows (a shard's piece). A group
     reads only the plan's own blocks in it; groups without any are skipped.
     ``extra_windows`` (a shard's padding, +1, or trimming, -1) repeats or leaves
     out the epoch's last window. The rows are read in the graph where the store
     allows, else by one ``numpy_function`` call per group (always with
     ``graph_reads=False``): see
-    :func:`windowkit.readers.tfdata_engine.reads.group_reads`. Everything that
+    :func:`windowkit.readers.tfdata.reads.group_reads`. Everything that
     opens the store happens here, once, not while an epoch's dataset is traced."""
 
     def __init__(self, plan: ReadPlan, *, shuffle: bool, seed: int,

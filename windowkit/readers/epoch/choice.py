@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from windowkit.readers.epoch.sampler import default_group
+from windowkit.readers.epoch.saved import order_name
 from windowkit.readers.options import check_shuffle, default_memory_budget
-from windowkit.readers.saved import order_name
-from windowkit.sampler import default_group
 
 if TYPE_CHECKING:
     from windowkit.readers.options import ShuffleOptions
@@ -32,7 +32,7 @@ class ShuffleChoice:
 
     @property
     def uniform(self) -> bool:
-        """Uniform, the rows held once (:class:`windowkit.readers.numpy_engine.held.HeldRows`)."""
+        """Uniform, the rows held once (:class:`windowkit.readers.rows.held.HeldRows`)."""
         return self.mode == "uniform"
 
     @property
@@ -74,7 +74,7 @@ def shuffle_choice(plan: ReadPlan, order: ShuffleOptions) -> ShuffleChoice:
 
 def group_size(plan: ReadPlan, shuffle_blocks: int | None, *, cache_bytes: int) -> int:
     """Blocks a group holds for ``plan``'s split, the same in every reader and
-    every shard (:func:`windowkit.sampler.default_group` over the whole split's
+    every shard (:func:`windowkit.readers.epoch.sampler.default_group` over the whole split's
     blocks)."""
     layout = plan.layout
     return default_group(shuffle_blocks, cache_bytes=cache_bytes,
@@ -84,7 +84,7 @@ def group_size(plan: ReadPlan, shuffle_blocks: int | None, *, cache_bytes: int) 
 
 def epoch_order(plan: ReadPlan, order: ShuffleOptions, choice: ShuffleChoice) -> str:
     """The epoch order a reader of ``plan`` built with ``order`` follows
-    (:func:`windowkit.readers.saved.order_name`): what its saved positions carry."""
+    (:func:`windowkit.readers.epoch.saved.order_name`): what its saved positions carry."""
     group = (group_size(plan, order.shuffle_blocks, cache_bytes=choice.cache_bytes)
              if choice.grouped else 1)
     return order_name(choice.mode, group)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from windowkit.readers.tfdata_engine.cut import full_batch
+from windowkit.readers.tfdata.cut import full_batch
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.readers.tfdata_engine.cut import WindowCutter
+    from windowkit.readers.tfdata.cut import WindowCutter
 
 
 def carried_batches(groups: tf.data.Dataset, cutter: WindowCutter, *, batch_size: int,

@@ -1,12 +1,12 @@
 """The Keras reader's epoch order, with random access: which windows the epoch
 positions of a batch hold.
 
-It follows the sampler (:mod:`windowkit.sampler`): blocks holding windows of
+It follows the sampler (:mod:`windowkit.readers.epoch.sampler`): blocks holding windows of
 the split, in the epoch's order, ``blocks_per_group`` at a time, the windows of
 a group (its blocks' windows in index order) permuted together with its key
 (reads stay local, so the block cache works); batches run on across group
 boundaries. Every window appears exactly once per epoch. The permutation within
-a group is a keyed bijection (:mod:`windowkit.permutation`), so the windows at
+a group is a keyed bijection (:mod:`windowkit.readers.epoch.permutation`), so the windows at
 any epoch positions are computed directly, in any order: an :class:`EpochOrder`
 holds a few arrays per storage block, whatever the number of windows.
 """
@@ -19,8 +19,8 @@ import numpy as np
 
 from windowkit.errors import InvalidSpecError
 from windowkit.index import WindowRuns
-from windowkit.permutation import KeyedPermutations
-from windowkit.sampler import Sampler
+from windowkit.readers.epoch.permutation import KeyedPermutations
+from windowkit.readers.epoch.sampler import Sampler
 
 
 def num_batches(num_windows: int, batch_size: int, drop_remainder: bool) -> int:

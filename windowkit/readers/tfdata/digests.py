@@ -3,7 +3,7 @@
 
 A group's raw rows hold each of its blocks as one run of bytes, followed by
 the halo its last record holds (rows of the next block). Every block is
-hashed whole (:func:`windowkit.readers.tfdata_engine.xxh3.xxh3_64`, seeded as
+hashed whole (:func:`windowkit.readers.tfdata.xxh3.xxh3_64`, seeded as
 the writer seeded it) and compared with the digest written with the store;
 a halo holding the whole head of the next block (its first ``span - 1``
 rows) is compared with that block's head digest, as the Python readers
@@ -31,7 +31,7 @@ import numpy as np
 
 from windowkit.formats._checks import digest_base
 from windowkit.formats.base import noinline, plain_call
-from windowkit.readers.tfdata_engine.xxh3 import length_class, xxh3_64
+from windowkit.readers.tfdata.xxh3 import length_class, xxh3_64
 
 if TYPE_CHECKING:
     import tensorflow as tf

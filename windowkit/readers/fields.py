@@ -13,7 +13,7 @@ its keys named as a Keras functional model's inputs would be:
 ``y`` stays ``[B, H, T]``. With ``normalize=True`` each field is normalized
 with its own columns' training statistics (``series`` is an id, never).
 :class:`BatchFields` assembles NumPy batches (the Keras reader, random access);
-:func:`windowkit.readers.tfdata_engine.cut.window_cutter` does the same in the graph.
+:func:`windowkit.readers.tfdata.cut.window_cutter` does the same in the graph.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ store's format can, else through the format's Python row reader.
   ``interleave`` (a dataset of the group, collected in the pipeline's map
   function), then parsed, checked and decoded, and every block checked
   against its digest
-  (:class:`windowkit.readers.tfdata_engine.digests.GroupDigests`), with no
+  (:class:`windowkit.readers.tfdata.digests.GroupDigests`), with no
   Python per group;
 - :class:`NumpyReads`: one stateless ``numpy_function`` call per group, the
-  row reader's (:class:`windowkit.readers.numpy_engine.loader.GroupLoader`:
+  row reader's (:class:`windowkit.readers.rows.loader.GroupLoader`:
   neighbouring blocks as one range, checksums and digests checked): every
   other store (Zarr, Parquet, GZIP TFRecord parts, object storage), and any
   store when asked (``graph_reads=False``, to compare the two).
@@ -31,8 +31,8 @@ from windowkit.formats._checks import CheckedReader
 from windowkit.formats.base import ReadsInGraph
 from windowkit.guard import MANIFEST_NAME
 from windowkit.location import is_remote
-from windowkit.readers.numpy_engine.loader import GroupLoader
-from windowkit.readers.tfdata_engine.digests import GroupDigests
+from windowkit.readers.rows.loader import GroupLoader
+from windowkit.readers.tfdata.digests import GroupDigests
 
 if TYPE_CHECKING:
     import tensorflow as tf

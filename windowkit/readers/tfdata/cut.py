@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.readers.numpy_engine.fields import BatchFields
+from windowkit.readers.fields import BatchFields
+from windowkit.readers.windows import window_row_offsets
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
-from windowkit.windows import window_row_offsets
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -28,7 +28,7 @@ class WindowCutter:
     gather's cost is per slice: a second, narrower gather for the known columns
     cost more than splitting one). ``cutter(prepared, starts, series)`` is the
     batch of the windows starting at ``starts``: ``x``, ``(x, y)``, or with
-    fields a dict ``x`` (see :mod:`windowkit.readers.numpy_engine.fields`), normalized when
+    fields a dict ``x`` (see :mod:`windowkit.readers.fields`), normalized when
     asked; ``y`` keeps the ``targets`` columns (None: all)."""
 
     def __init__(self, spec: WindowSpec, norm: Normalizer | None,

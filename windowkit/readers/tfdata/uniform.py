@@ -1,21 +1,21 @@
 """Uniform shuffling for ``tf.data``: each epoch a uniform permutation of the
 split's windows, cut in the graph from rows held once.
 
-The rows are held once (:class:`windowkit.readers.numpy_engine.held.HeldRows`:
+The rows are held once (:class:`windowkit.readers.rows.held.HeldRows`:
 in memory within ``memory_budget``, else spilled to a private file on local
 disk and kept mapped). TensorFlow reads them where they are: each epoch, one
 ``numpy_function`` hands the held array over (no copy: the array is aligned
 for TensorFlow, which keeps a reference), so no dataset holds a second copy
 (a captured tensor would be copied into the dataset's graph by its rewrites).
 Each chunk of ``CHUNK_BATCHES`` batches is one more ``numpy_function`` call
-(:meth:`windowkit.readers.numpy_engine.batches.EpochBatches.held_positions_at`:
+(:meth:`windowkit.readers.epoch.batches.EpochBatches.held_positions_at`:
 the keyed permutation, where each window starts in the held rows; small
 arrays, so the interpreter lock is held briefly), and each batch is cut from
 the rows by the same gathers as the block-group reader
-(:class:`windowkit.readers.tfdata_engine.cut.WindowCutter`), in parallel,
+(:class:`windowkit.readers.tfdata.cut.WindowCutter`), in parallel,
 outside the interpreter: a training loop in Python (Keras ``fit``) runs beside
 it. Each iteration of the dataset reads the next epoch
-(:mod:`windowkit.readers.tfdata_engine.epochs`), whose permutation is the one
+(:mod:`windowkit.readers.tfdata.epochs`), whose permutation is the one
 every reader uses for that epoch; an iterator's position is a batch number,
 so ``tf.train.Checkpoint`` saves it symbolically.
 
@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from windowkit.permutation import tf_permute
-from windowkit.readers.tfdata_engine.cut import PREFETCH_BATCHES, WindowCutter, full_batch
-from windowkit.sampler import uniform_key
+from windowkit.readers.epoch.permutation import tf_permute
+from windowkit.readers.epoch.sampler import uniform_key
+from windowkit.readers.tfdata.cut import PREFETCH_BATCHES, WindowCutter, full_batch
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from windowkit.readers.numpy_engine.batches import EpochBatches
+    from windowkit.readers.epoch.batches import EpochBatches
 
 CHUNK_BATCHES = 16  # batches cut at once (and, for a shard, one numpy_function call)
 
@@ -103,7 +103,7 @@ class _GraphPositions:
     rows, and their series, computed in the graph (no Python while an epoch
     is read: a training loop in Python never waits on the interpreter lock
     for it): the epoch's keyed permutation
-    (:func:`windowkit.permutation.tf_permute`, the NumPy engine's numbers),
+    (:func:`windowkit.readers.epoch.permutation.tf_permute`, the NumPy readers' numbers),
     the runs of the index, the blocks' places in the held rows. For a whole
     split; a shard's order is :class:`_PythonPositions`'."""
 
@@ -132,7 +132,7 @@ class _GraphPositions:
 
 class _PythonPositions:
     """:class:`_GraphPositions` for a shard: one ``numpy_function`` call per
-    chunk (:meth:`windowkit.readers.numpy_engine.batches.EpochBatches.held_positions_at`:
+    chunk (:meth:`windowkit.readers.epoch.batches.EpochBatches.held_positions_at`:
     a shard's piece of the epoch's order, padded; small arrays, the
     interpreter lock held briefly; a spill's pages asked for ahead)."""
 
