@@ -14,7 +14,7 @@ hands Grain its part. Transforms after it (``.map``, ``.batch``,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grain
 
@@ -22,17 +22,26 @@ from windowkit.errors import InvalidSpecError
 from windowkit.readers.epoch.saved import ADOPTING_KEYS, check_saved_for, saved_order
 
 if TYPE_CHECKING:
-    from windowkit.readers.grain import BatchGrainSource
+    from windowkit.readers.epoch.batches import EpochBatches
 
 #: what a state must match: the reader's keys, and which epochs the items hold
 STATE_KEYS = (*ADOPTING_KEYS, "epoch", "epochs")
+
+
+class BatchSource(Protocol):
+    """What a checked iterator needs of its source (a
+    :class:`~windowkit.readers.grain.BatchGrainSource`)."""
+
+    batches: EpochBatches
+    epoch: int
+    epochs: int
 
 
 class CheckedIterDataset(grain.IterDataset):
     """``parent`` (an iterable dataset over ``source``'s items), whose
     iterators save and check what their states are for."""
 
-    def __init__(self, parent: grain.IterDataset, source: BatchGrainSource) -> None:
+    def __init__(self, parent: grain.IterDataset, source: BatchSource) -> None:
         super().__init__(parent)
         self._source = source
 
@@ -46,7 +55,7 @@ class CheckedIterDataset(grain.IterDataset):
 class CheckedIterator(grain.DatasetIterator):
     """Grain's iterator over a :class:`BatchGrainSource`, its state checked on restore."""
 
-    def __init__(self, parent: grain.DatasetIterator, source: BatchGrainSource) -> None:
+    def __init__(self, parent: grain.DatasetIterator, source: BatchSource) -> None:
         super().__init__(parent)
         self._source = source
 

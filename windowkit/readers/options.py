@@ -14,17 +14,13 @@ How a plan is shuffled with them is :mod:`windowkit.readers.epoch.choice`.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import psutil
 
-from windowkit.errors import InvalidSpecError, check_bool, check_int, user_stacklevel
-
-if TYPE_CHECKING:
-    from windowkit.readers.plan import ReadPlan
+from windowkit.errors import InvalidSpecError, check_bool, check_int
 
 SHUFFLES = (True, False, "global", "blocks")
 BUDGET_SHARE = 4  # the default memory budget: a quarter of the available memory ...
@@ -134,20 +130,3 @@ class ShardOptions:
     @property
     def whole(self) -> bool:
         return self.num_shards == 1
-
-
-def warn_if_no_batch(plan: ReadPlan, batch: BatchOptions) -> None:
-    """Warn (naming the split, its windows and the batch size) when
-    ``drop_remainder`` leaves an epoch of ``plan`` without a batch: a reader
-    would yield nothing, and Keras ``fit`` would train (or validate) on
-    nothing without a word."""
-    windows = plan.windows_per_epoch(batch.drop_remainder)
-    if batch.drop_remainder and windows < batch.batch_size:
-        share = plan.shard_share
-        where = f" (shard {share.index} of {share.count})" if share.count > 1 else ""
-        warnings.warn(
-            f"split {plan.split!r}{where} has {windows} windows an epoch, fewer than one batch "
-            f"of {batch.batch_size}: with drop_remainder=True an epoch yields no batch; "
-            "lower batch_size or pass drop_remainder=False", UserWarning,
-            stacklevel=user_stacklevel())
-

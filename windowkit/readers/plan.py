@@ -9,13 +9,14 @@ notices there if the store was replaced meanwhile.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from windowkit.errors import InvalidSpecError, StoreError
+from windowkit.errors import InvalidSpecError, StoreError, user_stacklevel
 from windowkit.formats import RowReader, StorageFormat, get_format
 from windowkit.formats.base import ReaderSetup
 from windowkit.guard import StoreGuard
@@ -24,7 +25,7 @@ from windowkit.layout import RowLayout
 from windowkit.readers.epoch.order import block_first_positions
 from windowkit.readers.epoch.shares import ShardShare
 from windowkit.readers.fields import BatchFields
-from windowkit.readers.options import ShardOptions
+from windowkit.readers.options import BatchOptions, ShardOptions
 from windowkit.readers.rows.pool import DEFAULT_CACHE_BYTES, WindowGather
 from windowkit.spec import WindowSpec
 from windowkit.stats import Normalizer
@@ -167,6 +168,21 @@ class ReadPlan:
         return replace(self, runs=self.runs.select_positions(share.lo, share.hi), share=share,
                        split_runs=self.runs)
 
+
+    def warn_if_no_batch(self, batch: BatchOptions) -> None:
+        """Warn (naming the split, its windows and the batch size) when
+        ``drop_remainder`` leaves an epoch of this plan without a batch: a
+        reader would yield nothing, and Keras ``fit`` would train (or
+        validate) on nothing without a word."""
+        windows = self.windows_per_epoch(batch.drop_remainder)
+        if batch.drop_remainder and windows < batch.batch_size:
+            share = self.shard_share
+            where = f" (shard {share.index} of {share.count})" if share.count > 1 else ""
+            warnings.warn(
+                f"split {self.split!r}{where} has {windows} windows an epoch, fewer than one "
+                f"batch of {batch.batch_size}: with drop_remainder=True an epoch yields no "
+                "batch; lower batch_size or pass drop_remainder=False", UserWarning,
+                stacklevel=user_stacklevel())
 
 class PlanSource:
     """What a store's reader methods (``tf_dataset``, ``keras_dataset``,

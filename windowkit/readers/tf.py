@@ -44,7 +44,6 @@ from windowkit.readers.options import (
     BatchOptions,
     ShardOptions,
     ShuffleOptions,
-    warn_if_no_batch,
 )
 from windowkit.readers.plan import PlanSource
 from windowkit.readers.tfdata.cut import PREFETCH_BATCHES, WindowCutter
@@ -115,7 +114,7 @@ def split_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
     fields = plan.store.fields(batch.return_series)
     choice = shuffle_choice(plan, order)
     if not choice.uniform:  # a uniform shuffle's batches warn themselves
-        warn_if_no_batch(plan, batch)
+        plan.warn_if_no_batch(batch)
     if service is not None:
         from windowkit.readers.tfdata.service import service_batches
 

@@ -52,7 +52,7 @@ from windowkit.readers.epoch.shares import (
     saved_lead,
     windows_left,
 )
-from windowkit.readers.options import BatchOptions, ShuffleOptions, warn_if_no_batch
+from windowkit.readers.options import BatchOptions, ShuffleOptions
 from windowkit.readers.rows.held import HeldRows, UniformOrder
 from windowkit.readers.rows.pool import WindowGather
 from windowkit.stats import Normalizer
@@ -106,7 +106,7 @@ class EpochBatches:
         if self.batch.normalize:
             plan.store.normalizer()  # fail now, not in a worker, if the store has no statistics
         self.windows_per_epoch = plan.windows_per_epoch(self.batch.drop_remainder)
-        warn_if_no_batch(plan, self.batch)
+        plan.warn_if_no_batch(self.batch)
         self._resumed: _Resumed | None = None
         self._rows_plan = plan  # whose rows are held (a resumed epoch may need more)
         self._reset_process_state()
