@@ -53,6 +53,7 @@ import os
 import shutil
 import stat
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -109,7 +110,7 @@ PartMarkers = dict[int, dict[str, Any]]
 
 
 # -- the target ---------------------------------------------------------------------------
-class StoreTarget:
+class StoreTarget(ABC):
     """Where a conversion's store goes (``out``), and what it may replace there.
 
     ``directory`` is the local directory the store is built beside and
@@ -135,15 +136,15 @@ class StoreTarget:
         kind = RemoteTarget if is_remote(location) else LocalTarget
         return kind(location, overwrite=overwrite)
 
+    @abstractmethod
     def building(self, sources: Sequence[str]) -> AbstractContextManager[Workspace]:
         """Check the target (it must hold none of ``sources``), then hold the
         locked workspace the store is written into for the body; after a
         failure leave only what a re-run resumes (:meth:`Workspace.after_failure`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def publish(self, workspace: Workspace) -> None:
         """Put the store finished in ``workspace`` (its manifest written) in place."""
-        raise NotImplementedError
 
     def parts_in_place(self, markers: PartMarkers | None) -> PartMarkers | None:
         """Those of the finished parts ``markers`` whose files are where the
@@ -154,7 +155,8 @@ class StoreTarget:
         """:attr:`built` is this conversion's (``store_id``, a digest of the
         sources and of every option its bytes depend on): nothing to do; else
         it is refused as any other store without ``overwrite``."""
-        if self.built is None or store_id != self.built.store_id:
+        assert self.built is not None, "only a target that holds a finished store"
+        if store_id != self.built.store_id:
             raise StoreExistsError(f"{self.directory}: target exists and is not empty; "
                                    "pass --overwrite to replace it")
         log.info("%s: already holds this conversion (the same sources and options); "
