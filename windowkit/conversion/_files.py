@@ -1,7 +1,7 @@
 """File-system helpers of a conversion's local writes: durable (fsync'd) files
 and records, an exclusive lock on a directory opened without following links,
 and whether finished files are still the ones recorded. They hold no policy
-(what may be written where: :mod:`._target`) and no lifecycle (:mod:`._workspace`)."""
+and no lifecycle (what may be written where, and the workspace: :mod:`._target`)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from windowkit._version import __version__
 from windowkit.conversion._parts import PartResult, merged_stats
 from windowkit.conversion._plan import StorePlan, history_hint, split_grid_windows
-from windowkit.conversion._workspace import Workspace
+from windowkit.conversion._target import Workspace
 from windowkit.conversion.options import ConvertOptions
 from windowkit.errors import InvalidSpecError, user_stacklevel
 from windowkit.index import IndexWriter, grid_start, grid_windows, stretches_without

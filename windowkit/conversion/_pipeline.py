@@ -2,7 +2,10 @@
 
 plan (:mod:`._plan`) -> part tasks written by an executor, resumable
 (:mod:`._parts`) -> the format's finish -> index tables, series table,
-statistics, manifest (:mod:`._finalize`) -> publish (:mod:`._workspace`).
+statistics, manifest (:mod:`._finalize`) -> publish. Where the store goes is
+the target's alone (:class:`~._target.StoreTarget`): ``out`` is handed to it at
+the start, and the pipeline asks it for the workspace, whether the store is
+already built, and to publish.
 
 Everything is written into a locked workspace beside the target and renamed
 into place only after the manifest, so an interrupted conversion never leaves a
@@ -31,15 +34,7 @@ from windowkit._progress import human_size, progress_bar
 from windowkit.conversion._finalize import finalize, notice
 from windowkit.conversion._parts import PartResult, source_digest, write_parts
 from windowkit.conversion._plan import StorePlan, plan_store
-from windowkit.conversion._remote import (
-    check_remote_target,
-    local_mirror,
-    remote_lock,
-    upload_store,
-    workspace_prefix,
-)
-from windowkit.conversion._target import check_target, finished_manifest, through_link
-from windowkit.conversion._workspace import Workspace
+from windowkit.conversion._target import StoreTarget, Workspace
 from windowkit.conversion.options import (
     DEFAULT_PART_BYTES,
     ConvertOptions,
@@ -51,17 +46,9 @@ from windowkit.conversion.options import (
     table_dtype,
     window_spec,
 )
-from windowkit.errors import (
-    DiskSpaceError,
-    Interrupted,
-    InvalidSpecError,
-    OutOfMemoryError,
-    SourceChangedError,
-    StoreExistsError,
-    WindowkitError,
-)
+from windowkit.errors import DiskSpaceError, InvalidSpecError, OutOfMemoryError
 from windowkit.formats import get_format
-from windowkit.location import AnyPath, is_remote, list_objects, resolve
+from windowkit.location import AnyPath
 from windowkit.manifest import Manifest
 from windowkit.sources import (
     DEFAULT_SORT_MEMORY,
@@ -209,29 +196,28 @@ def convert(source: SourceLike, out: str | os.PathLike[str], *, format: str = "z
             workers=workers, dask=dask, overwrite=bool(overwrite), progress=bool(progress),
             nan=nan, sort_memory=sort_memory)
         with _out_of_memory():
-            return _convert(source, resolve(out, storage_options), options, bool(overwrite))
+            target = StoreTarget.of(out, storage_options, overwrite=bool(overwrite))
+            return _convert(source, target, options)
 
 
-def _convert(source: SourceLike, target: AnyPath, options: ConvertOptions,
-             overwrite: bool) -> Store:
-    """:func:`convert` with its options checked: to a local directory, or to a URL
-    (locked, built in a local mirror, uploaded, the manifest last)."""
-    from windowkit.store import open_store
-
+def _convert(source: SourceLike, target: StoreTarget, options: ConvertOptions) -> Store:
+    """:func:`convert` with its options checked: the store written into the
+    target's workspace, and published there (locked and resumable; nothing is
+    published if a source file changed meanwhile)."""
     pins = SourcePins.of(source_files(source))  # before reading a byte of them
     series = [] if is_table(source) else _open_arrays(source, options.table)
-    if not is_remote(target):
-        _convert_local(source, through_link(target), options, series, pins,
-                       overwrite=overwrite)
-        return open_store(target)
-    with remote_lock(target):
-        replaced = check_remote_target(target, overwrite=overwrite)
-        mirror = local_mirror(target)
-        mirror.parent.mkdir(parents=True, exist_ok=True)
-        _convert_local(source, mirror, options, series, pins, overwrite=True,
-                       upload_to=workspace_prefix(target))
-        upload_store(mirror, target, replaced=replaced)
-    return open_store(target)
+    with target.building(source_files(source)) as workspace:
+        if is_table(source):
+            series = _stage(source, workspace, options)
+        if target.built is not None:  # the same conversion again: nothing to do, or refused
+            target.check_same_conversion(plan_store(series, options).store_id)
+            workspace.leave()
+        else:
+            manifest = _write_store(workspace, target, series, options, pins)
+            pins.check()  # again, last thing before the commit
+            manifest.write(workspace.root)
+            target.publish(workspace)
+    return target.open()
 
 
 @contextlib.contextmanager
@@ -251,34 +237,6 @@ def _out_of_memory() -> Iterator[None]:
             "or a smaller --part-size, --block-rows or --sort-memory") from None
 
 
-def _convert_local(source: SourceLike, out: Path, options: ConvertOptions,
-                   series: list[Series], pins: SourcePins, *, overwrite: bool,
-                   upload_to: AnyPath | None = None) -> None:
-    """Write the store into the local directory ``out`` (locked, resumable,
-    published by a rename); with ``upload_to`` its parts go there instead.
-    Nothing is published if a source file changed meanwhile (``pins``)."""
-    built = None if overwrite or upload_to is not None else finished_manifest(out)
-    check_target(out, overwrite=overwrite or built is not None, sources=source_files(source))
-    workspace = Workspace(out)
-    workspace.lock()  # before staging: a second conversion must not touch our files
-    try:
-        if is_table(source):
-            series = _stage(source, workspace, options)
-        if built is not None:  # the same conversion again: nothing to do, or refused
-            _check_already_built(out, built, series, options)
-            _leave(workspace)
-            return
-        manifest = _write_store(workspace, series, options, pins, upload_to)
-        pins.check()  # again, last thing before the commit
-        manifest.write(workspace.root)
-        workspace.publish(overwrite=overwrite)
-    except BaseException as exc:
-        _after_failure(workspace, exc)
-        raise
-    finally:
-        workspace.release()
-
-
 def _no_header_elsewhere() -> str:
     """The error for ``header=None`` (``--no-header``) given a source not CSV."""
     from windowkit.conversion import options
@@ -295,27 +253,6 @@ def _header(value: Any) -> bool:
         return value is not None
     raise InvalidSpecError(f"header must be 0 (the first line names the columns) or None "
                            f"(the file has no header line), got {value!r}")
-
-
-def _check_already_built(out: Path, built: Manifest, series: list[Series],
-                         options: ConvertOptions) -> None:
-    """``out`` holds a finished store: the same conversion's (its store id, a
-    digest of the sources and of every option its bytes depend on), so there is
-    nothing to do; else it is refused as any other store without ``overwrite``."""
-    if plan_store(series, options).store_id != built.store_id:
-        raise StoreExistsError(f"{out}: target exists and is not empty; "
-                               "pass --overwrite to replace it")
-    log.info("%s: already holds this conversion (the same sources and options); "
-             "nothing to do", out)
-
-
-def _leave(workspace: Workspace) -> None:
-    """Remove what a run that had nothing to do made: the workspace, or only its
-    staged rows when it holds an interrupted conversion to resume."""
-    if workspace.resumable:
-        shutil.rmtree(workspace.staging, ignore_errors=True)
-    else:
-        workspace.discard()
 
 
 def _open_arrays(source: SourceLike, table: TableOptions) -> list[Series]:
@@ -348,21 +285,6 @@ def _stage(source: SourceLike, workspace: Workspace, options: ConvertOptions) ->
                                         sort_memory=options.sort_memory))
 
 
-def _after_failure(workspace: Workspace, exc: BaseException) -> None:
-    """Leave nothing behind after a user mistake; keep finished parts after
-    anything else (an interruption, a read error, too little space, a target
-    that appeared meanwhile), so that the same command resumes."""
-    mistake = isinstance(exc, WindowkitError) and not isinstance(
-        exc, (DiskSpaceError, StoreExistsError, SourceChangedError, OutOfMemoryError))
-    if workspace.inherited or (workspace.resumable and not mistake):
-        shutil.rmtree(workspace.staging, ignore_errors=True)
-        if not isinstance(exc, Interrupted):  # whoever sent the signal is told so
-            log.info("%s: conversion stopped; run the same command again to resume it",
-                     workspace.out)
-    else:
-        workspace.discard()
-
-
 def _check_disk_space(directory: Path, needed: int, what: str = "the store") -> None:
     """Refuse to start writing what cannot fit on the target's disk."""
     free = shutil.disk_usage(directory).free
@@ -371,13 +293,15 @@ def _check_disk_space(directory: Path, needed: int, what: str = "the store") -> 
                              f"{human_size(needed)}, {human_size(free)} are free")
 
 
-def _write_store(workspace: Workspace, series: list[Series], options: ConvertOptions,
-                 pins: SourcePins, upload_to: AnyPath | None = None) -> Manifest:
+def _write_store(workspace: Workspace, target: StoreTarget, series: list[Series],
+                 options: ConvertOptions, pins: SourcePins) -> Manifest:
     """Plan the store, write (or reuse) its parts, then its tables; return its
-    manifest. With ``upload_to`` (a URL prefix) the parts are uploaded there."""
+    manifest. Parts go where the target uploads them (``upload_to``, a URL
+    prefix), else into the workspace."""
     plan = plan_store(series, options)
     storage = get_format(options.format)
-    finished = _resume_or_start(workspace, plan, upload_to)
+    upload_to = target.upload_to
+    finished = _resume_or_start(workspace, target, plan)
     reused = sum(f.bytes for result in finished.values() for f in result.files)
     if upload_to is None:
         _check_disk_space(workspace.root, plan.needed_bytes() - reused)
@@ -428,17 +352,13 @@ def _recheck_rows(plan: StorePlan, results: list[PartResult]) -> None:
             raise changed_rows(plan.series[first].where, task.number)
 
 
-def _resume_or_start(workspace: Workspace, plan: StorePlan,
-                     upload_to: AnyPath | None = None) -> dict[int, PartResult]:
+def _resume_or_start(workspace: Workspace, target: StoreTarget,
+                     plan: StorePlan) -> dict[int, PartResult]:
     """The finished parts of an interrupted run of this plan whose source rows
-    are unchanged (and, with ``upload_to``, whose files were uploaded whole);
+    are unchanged (and whose files are in place at the target, uploaded whole);
     else an empty workspace and none."""
-    markers = workspace.finished_parts(plan.key)
+    markers = target.parts_in_place(workspace.finished_parts(plan.key))
     tasks = plan.tasks
-    if markers and upload_to is not None:
-        uploaded = list_objects(upload_to)
-        markers = {n: m for n, m in markers.items()
-                   if all(uploaded.get(f["path"]) == f["bytes"] for f in m["files"])}
     if markers is not None:
         for number, marker in sorted(markers.items()):
             if number not in range(len(tasks)) or marker.get("source_digest") != (
