@@ -31,7 +31,7 @@ import fsspec
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import windowkit as wk
@@ -68,6 +68,22 @@ def _convert_series(tmp: str, fmt: str, series: list[np.ndarray], spec: wk.Windo
              block_rows: int | None = None) -> wk.Store:
     return wk.convert(series, Path(tmp) / "store", format=fmt, window=spec,
                       block_rows=block_rows)
+
+
+def _check_tf_epoch(fmt: str, data: tuple, batch_size: int, shuffle: bool,
+                    cache_bytes: int) -> None:
+    """One epoch of ``tf_dataset`` over a random store holds the oracle's windows
+    (in index order unless shuffled), in as many batches as its cardinality says."""
+    series, spec, block_rows = data
+    expected_x, expected_y = oracle_windows(series, spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = _convert_series(tmp, fmt, series, spec, block_rows)
+        ds = store.tf_dataset("train", batch_size, shuffle=shuffle, seed=3,
+                              cache_bytes=cache_bytes)
+        assert ds.cardinality().numpy() == -(-len(expected_x) // batch_size)
+        x, y = collect_epoch(ds)
+    assert x.dtype == series[0].dtype
+    assert_windows_equal(x, y, expected_x, expected_y, in_order=not shuffle)
 
 
 def _bits(values: np.ndarray) -> np.ndarray:
@@ -211,20 +227,23 @@ class FormatTests:
                 np.testing.assert_array_equal(got, expected_x)
             assert got[0].dtype == series[0].dtype if spec.horizon else got.dtype == series[0].dtype
 
+    # a tf.data pipeline costs ~0.5-1.5 s to build and iterate whatever its size
+    # (TFRecord's graph path the most): make test draws 10 stores per format,
+    # make test-slow 60 more (..._soak)
+    @settings(max_examples=10)
     @given(data=datasets(), batch_size=st.integers(1, 40), shuffle=st.booleans(),
            cache_bytes=st.sampled_from([1, 1 << 12, 1 << 20]))
     def test_tf_dataset_epoch_holds_every_window_once(self, fmt: str, data: tuple, batch_size: int,
                                                       shuffle: bool, cache_bytes: int) -> None:
-        series, spec, block_rows = data
-        expected_x, expected_y = oracle_windows(series, spec)
-        with tempfile.TemporaryDirectory() as tmp:
-            store = _convert_series(tmp, fmt, series, spec, block_rows)
-            ds = store.tf_dataset("train", batch_size, shuffle=shuffle, seed=3,
-                                  cache_bytes=cache_bytes)
-            assert ds.cardinality().numpy() == -(-len(expected_x) // batch_size)
-            x, y = collect_epoch(ds)
-        assert x.dtype == series[0].dtype
-        assert_windows_equal(x, y, expected_x, expected_y, in_order=not shuffle)
+        _check_tf_epoch(fmt, data, batch_size, shuffle, cache_bytes)
+
+    @pytest.mark.slow
+    @settings(max_examples=60)
+    @given(data=datasets(), batch_size=st.integers(1, 40), shuffle=st.booleans(),
+           cache_bytes=st.sampled_from([1, 1 << 12, 1 << 20]))
+    def test_tf_dataset_epoch_holds_every_window_once_soak(
+            self, fmt: str, data: tuple, batch_size: int, shuffle: bool, cache_bytes: int) -> None:
+        _check_tf_epoch(fmt, data, batch_size, shuffle, cache_bytes)
 
     # the statistics of float64 extremes overflow: such a store has none, and
     # normalize=True is refused (never NaN)

@@ -207,24 +207,40 @@ _SWAPPED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_a_part_swapped_after_the_dataset_was_built_is_one_line(tmp_path: Path,
-                                                                 fmt: str) -> None:
-    """For a FIFO, a socket and a directory, each shuffle mode at least once
-    (the check is the part's, whatever reads it): one line within 10 s, naming
-    the part and what it is."""
-    script = tmp_path / "swap.py"
+#: For a FIFO, a socket and a directory, each shuffle mode at least once.
+SWAPS = [("fifo", "false"), ("socket", "blocks"), ("directory", "false"),
+         ("directory", "blocks"), ("fifo", "true")]
+
+
+@pytest.fixture(scope="module")
+def swapped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Each format's line for each of :data:`SWAPS`, all read in one new process
+    (its start is most of the time), by format."""
+    tmp = tmp_path_factory.mktemp("swapped")
+    script = tmp / "swap.py"
     script.write_text(_SWAPPED)
-    cases = [("fifo", "false"), ("socket", "blocks"), ("directory", "false"),
-             ("directory", "blocks"), ("fifo", "true")]
-    stores = [_plain(tmp_path / f"{kind}-{shuffle}", fmt).path for kind, shuffle in cases]
-    asked = "".join(f"{path} {kind} {shuffle}\n"
-                    for path, (kind, shuffle) in zip(stores, cases, strict=True))
+    cases = [(fmt, kind, shuffle) for fmt in FORMATS for kind, shuffle in SWAPS]
+    asked = "".join(f"{_plain(tmp / f'{fmt}-{kind}-{shuffle}', fmt).path} {kind} {shuffle}\n"
+                    for fmt, kind, shuffle in cases)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300, input=asked, env={**os.environ, "PYTHONPATH": str(ROOT),
                                                          "TF_CPP_MIN_LOG_LEVEL": "3"})
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and len(lines) == len(cases), (proc.stdout, proc.stderr[-2000:])
+    out: dict[str, list[str]] = {fmt: [] for fmt in FORMATS}
+    for (fmt, _, _), line in zip(cases, lines, strict=True):
+        out[fmt].append(line)
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_part_swapped_after_the_dataset_was_built_is_one_line(
+        swapped: dict[str, list[str]], fmt: str) -> None:
+    """For a FIFO, a socket and a directory, each shuffle mode at least once
+    (the check is the part's, whatever reads it): one line within 10 s, naming
+    the part and what it is."""
+    lines = swapped[fmt]
+    assert [tuple(line.split(" ", 2)[:2]) for line in lines] == SWAPS, lines
     kinds = {"fifo": "a FIFO", "socket": "a socket", "directory": "a directory"}
     for line in lines:
         kind, shuffle, *outcome = line.split(" ", 4)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -182,6 +183,10 @@ class TestTFRecord(FormatTests, HostileStoreTests):
 
     format_name = "tfrecord"
     reads_groups_in_graph = True
+    #: test_a_hostile_store_read_by_tf_data reads each mutation on the graph path and
+    #: checks it as the test below does, which also compares the NumPy path, for
+    #: every mutation: its cases run in make test-slow only (conftest.py)
+    FAST_IDS: ClassVar[dict[str, set[str]]] = {"test_a_hostile_store_read_by_tf_data": set()}
 
     @pytest.mark.parametrize("name", list(MUTATIONS))
     def test_the_graph_path_refuses_what_the_numpy_path_refuses(

@@ -15,16 +15,18 @@ import numpy as np
 import pytest
 
 import windowkit as wk
-from tests.conftest import collect_epoch
+from tests.conftest import CONCEPT_FORMAT, collect_epoch
 from tests.helpers import free_ports, sorted_rows, tagged_series
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def store(tmp_path: Path, concept_format: str) -> wk.Store:
-    return wk.convert(tagged_series([700, 333, 900, 50, 400, 610]), tmp_path / "s",
-                      format=concept_format, window=wk.WindowSpec(8, horizon=2), block_rows=64)
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> wk.Store:
+    """Six series on the concept format; read only (reading never writes: FormatTests)."""
+    return wk.convert(tagged_series([700, 333, 900, 50, 400, 610]),
+                      tmp_path_factory.mktemp("scale") / "s", format=CONCEPT_FORMAT,
+                      window=wk.WindowSpec(8, horizon=2), block_rows=64)
 
 
 def _every_window(store: wk.Store) -> np.ndarray:
@@ -160,6 +162,8 @@ def test_bad_shard_arguments_are_one_line(store: wk.Store) -> None:
         store.tf_dataset("train", 33, input_context=context)
 
 
+DISTRIBUTED_MODES = ["blocks", "global"]
+
 _MIRRORED = textwrap.dedent("""
     import json, sys
     import numpy as np, tensorflow as tf, windowkit as wk
@@ -168,30 +172,41 @@ _MIRRORED = textwrap.dedent("""
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     store = wk.open_store(sys.argv[1])
-    shuffle = {"blocks": "blocks", "global": "global"}[sys.argv[2]]
-    dist = strategy.distribute_datasets_from_function(
-        lambda ctx: store.tf_dataset("train", 32, shuffle=shuffle, seed=4, input_context=ctx))
-    seen = []
-    for x, _ in dist:
-        seen += [v.numpy()[:, 0, :2].tolist() for v in strategy.experimental_local_results(x)]
-    print(json.dumps(seen))
+    out = {}
+    for mode in json.loads(sys.argv[2]):
+        shuffle = {"blocks": "blocks", "global": "global"}[mode]
+        dist = strategy.distribute_datasets_from_function(
+            lambda ctx, shuffle=shuffle: store.tf_dataset(
+                "train", 32, shuffle=shuffle, seed=4, input_context=ctx))
+        seen = []
+        for x, _ in dist:
+            seen += [v.numpy()[:, 0, :2].tolist() for v in strategy.experimental_local_results(x)]
+        out[mode] = seen
+    print(json.dumps(out))
 """)
 
 
-@pytest.mark.parametrize("mode", ["blocks", "global"])
-def test_mirrored_strategy_reads_every_window_once(tmp_path: Path, store: wk.Store,
-                                                   mode: str) -> None:
-    """Two logical CPUs, one input pipeline each through
-    ``distribute_datasets_from_function``: each replica gets its share of the
-    global batch, and together they read the split once."""
-    script = tmp_path / "mirrored.py"
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory: pytest.TempPathFactory, store: wk.Store) -> dict[str, Any]:
+    """What each replica saw in each mode (both modes in one process)."""
+    script = tmp_path_factory.mktemp("mirrored") / "mirrored.py"
     script.write_text(_MIRRORED)
-    proc = subprocess.run([sys.executable, str(script), str(store.path), mode],
+    proc = subprocess.run([sys.executable, str(script), str(store.path),
+                           json.dumps(DISTRIBUTED_MODES)],
                           capture_output=True, text=True, check=False, timeout=300,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
                                "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("mode", DISTRIBUTED_MODES)
+def test_mirrored_strategy_reads_every_window_once(mirrored: dict[str, Any], store: wk.Store,
+                                                   mode: str) -> None:
+    """Two logical CPUs, one input pipeline each through
+    ``distribute_datasets_from_function``: each replica gets its share of the
+    global batch, and together they read the split once."""
+    seen = mirrored[mode]
     assert {len(b) for b in seen[:-2]} == {16}  # the replica's share of 32
     starts = sorted(tuple(w) for b in seen for w in b)
     expected = sorted(tuple(w) for w in _every_window(store)[:, 0, :2].tolist())
@@ -201,44 +216,49 @@ def test_mirrored_strategy_reads_every_window_once(tmp_path: Path, store: wk.Sto
 _MULTI_WORKER = textwrap.dedent("""
     import json, os, sys
     import numpy as np, tensorflow as tf, windowkit as wk
-    store_path, mode, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    shuffle = {"blocks": "blocks", "global": "global"}[mode]
+    store_path, modes, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     store = wk.open_store(store_path)
-    dist = strategy.distribute_datasets_from_function(
-        lambda ctx: store.tf_dataset("train", 32, shuffle=shuffle, seed=4, input_context=ctx))
 
     @tf.function
     def step(x):  # an all-reduce across the two workers, as a training step makes
         count = strategy.run(lambda x: tf.cast(tf.shape(x)[0], tf.float32), args=(x,))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, count, axis=None)
 
-    seen, reduced = [], []
-    for i, (x, _) in enumerate(dist):
-        if i < steps:  # steps every worker has (shards differ by up to a block)
-            reduced.append(float(step(x)))
-        seen += [v.numpy()[:, 0, :2].tolist() for v in strategy.experimental_local_results(x)]
-    print(json.dumps({"seen": seen, "reduced": reduced}))
+    out = {}
+    for mode in modes:  # one mode after the other, on the same two workers
+        shuffle = {"blocks": "blocks", "global": "global"}[mode]
+        dist = strategy.distribute_datasets_from_function(
+            lambda ctx, shuffle=shuffle: store.tf_dataset(
+                "train", 32, shuffle=shuffle, seed=4, input_context=ctx))
+        seen, reduced = [], []
+        for i, (x, _) in enumerate(dist):
+            if i < steps:  # steps every worker has (shards differ by up to a block)
+                reduced.append(float(step(x)))
+            seen += [v.numpy()[:, 0, :2].tolist() for v in strategy.experimental_local_results(x)]
+        out[mode] = {"seen": seen, "reduced": reduced}
+    print(json.dumps(out))
 """)
 
 
-@pytest.mark.parametrize("mode", ["blocks", "global"])
-def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
-                                                                store: wk.Store,
-                                                                mode: str) -> None:
-    """Two worker processes (``TF_CONFIG`` on 127.0.0.1), one input pipeline
-    each: each reads its own shard at 16 windows of a global 32, the steps
-    all-reduce across both, and together they read the split once."""
-    script = tmp_path / "multi_worker.py"
+def _multi_worker_steps(store: wk.Store) -> int:
+    return store.num_windows("train") // 2 // 16  # every shard has as many windows
+
+
+@pytest.fixture(scope="module")
+def multi_worker(tmp_path_factory: pytest.TempPathFactory, store: wk.Store
+                 ) -> list[dict[str, Any]]:
+    """Two worker processes (``TF_CONFIG`` on 127.0.0.1) reading each mode in
+    turn: what each worker saw and reduced, by mode."""
+    script = tmp_path_factory.mktemp("multi_worker") / "multi_worker.py"
     script.write_text(_MULTI_WORKER)
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
-    total = store.num_windows("train")
-    steps = total // 2 // 16  # every shard has as many windows
     procs = []
     for index in range(2):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         procs.append(subprocess.Popen(
-            [sys.executable, str(script), str(store.path), mode, str(steps)],
+            [sys.executable, str(script), str(store.path), json.dumps(DISTRIBUTED_MODES),
+             str(_multi_worker_steps(store))],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT),
                  "TF_CONFIG": json.dumps(config), "CUDA_VISIBLE_DEVICES": ""}))
@@ -251,6 +271,17 @@ def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
     finally:
         for proc in procs:
             proc.kill()
+    return outputs
+
+
+@pytest.mark.parametrize("mode", DISTRIBUTED_MODES)
+def test_multi_worker_mirrored_strategy_reads_every_window_once(
+        multi_worker: list[dict[str, Any]], store: wk.Store, mode: str) -> None:
+    """Two worker processes (``TF_CONFIG`` on 127.0.0.1), one input pipeline
+    each: each reads its own shard at 16 windows of a global 32, the steps
+    all-reduce across both, and together they read the split once."""
+    outputs = [worker[mode] for worker in multi_worker]
+    total, steps = store.num_windows("train"), _multi_worker_steps(store)
     for out in outputs:
         assert out["reduced"] == [32.0] * steps  # 16 from each worker, every step
         sizes = [len(b) for b in out["seen"] if b]  # empty: the other worker goes on
@@ -264,20 +295,25 @@ def test_multi_worker_mirrored_strategy_reads_every_window_once(tmp_path: Path,
 
 
 # -- 4. resuming an epoch in a new process --------------------------------------------------
+RESUME_MODES = ["blocks", "global", "spilled"]
+
 _RESUME = textwrap.dedent("""
     import json, sys
     import numpy as np, tensorflow as tf, windowkit as wk
     from tests.readers.test_training_scale import resume_dataset
-    store_path, mode, ckpt, skip = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    it = iter(resume_dataset(store_path, mode))
-    checkpoint = tf.train.Checkpoint(iterator=it)
-    if skip >= 0:  # read `skip` batches, save, stop
-        for _ in range(skip):
-            next(it)
-        checkpoint.write(ckpt)
-        sys.exit(0)
-    checkpoint.read(ckpt).assert_consumed()
-    print(json.dumps([b.numpy()[:, 0, :2].tolist() for b in it]))
+    store_path, ckpts, skip = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+    rests = {}
+    for mode, ckpt in ckpts.items():  # each mode's iterator on its own, in turn
+        it = iter(resume_dataset(store_path, mode))
+        checkpoint = tf.train.Checkpoint(iterator=it)
+        if skip >= 0:  # read `skip` batches, save, go on to the next mode
+            for _ in range(skip):
+                next(it)
+            checkpoint.write(ckpt)
+            continue
+        checkpoint.read(ckpt).assert_consumed()
+        rests[mode] = [b.numpy()[:, 0, :2].tolist() for b in it]
+    print(json.dumps(rests))
 """)
 
 
@@ -290,41 +326,54 @@ def resume_dataset(store_path: str, mode: str) -> Any:
                                                 memory_budget=budget).repeat(2)
 
 
-@pytest.mark.parametrize("mode", ["blocks", "global", "spilled"])
-def test_an_iterator_resumes_in_a_new_process(tmp_path: Path, concept_format: str,
-                                              mode: str) -> None:
-    """Saved after k batches (in the second epoch), restored in a new process: the
-    same batches as an uninterrupted run; the checkpoint holds positions, not
-    the batches in flight; and symbolic checkpointing logs no warning (a
-    stateful row reader would make it log one for every group read)."""
-    store = wk.convert(tagged_series([300, 260, 410]), tmp_path / "s", format=concept_format,
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A store; each mode's iterator saved after ``skip`` batches (in the second
+    epoch), all in one process, then restored and read to its end in a new
+    one (one process each way: a process start is most of the time)."""
+    tmp = tmp_path_factory.mktemp("resume")
+    store = wk.convert(tagged_series([300, 260, 410]), tmp / "s", format=CONCEPT_FORMAT,
                        window=8, block_rows=32)
-    per_epoch = -(-store.num_windows("train") // 16)
-    script = tmp_path / "resume.py"
+    skip = -(-store.num_windows("train") // 16) + 3
+    ckpts = {mode: str(tmp / mode / "ckpt") for mode in RESUME_MODES}
+    for mode in RESUME_MODES:
+        (tmp / mode).mkdir()
+    script = tmp / "resume.py"
     script.write_text(_RESUME)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "1", "PYTHONPATH": str(ROOT)}
 
     def run(skip: int) -> str:
-        proc = subprocess.run([sys.executable, str(script), str(store.path), mode,
-                               str(tmp_path / "ckpt"), str(skip)],
+        proc = subprocess.run([sys.executable, str(script), str(store.path), json.dumps(ckpts),
+                               str(skip)],
                               capture_output=True, text=True, env=env, check=False, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "FAILED_PRECONDITION" not in proc.stderr, proc.stderr[-2000:]
         return proc.stdout
 
-    whole = [b.numpy()[:, 0, :2].tolist() for b in resume_dataset(str(store.path), mode)]
-    skip = per_epoch + 3
     run(skip)
-    rest = json.loads(run(-2))
-    assert rest == whole[skip:]
+    rests = json.loads(run(-2).strip().splitlines()[-1])
+    return {"store": store, "skip": skip, "rests": rests,
+            "ckpt_bytes": {mode: sum(p.stat().st_size for p in (tmp / mode).glob("ckpt*"))
+                           for mode in RESUME_MODES}}
+
+
+@pytest.mark.parametrize("mode", RESUME_MODES)
+def test_an_iterator_resumes_in_a_new_process(resumed: dict[str, Any], mode: str) -> None:
+    """Saved after k batches (in the second epoch), restored in a new process: the
+    same batches as an uninterrupted run; the checkpoint holds positions, not
+    the batches in flight; and symbolic checkpointing logs no warning (a
+    stateful row reader would make it log one for every group read)."""
+    store, skip = resumed["store"], resumed["skip"]
+    whole = [b.numpy()[:, 0, :2].tolist() for b in resume_dataset(str(store.path), mode)]
+    assert resumed["rests"][mode] == whole[skip:]
     # positions (and a batch's worth of carried windows at most), not rows or batches
-    assert sum(p.stat().st_size for p in tmp_path.glob("ckpt*")) < 16 << 10
+    assert 0 < resumed["ckpt_bytes"][mode] < 16 << 10
 
 
 _KERAS_RESUME = textwrap.dedent("""
     import json, sys
     import keras, numpy as np, windowkit as wk
-    stores, backup, stop_after = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    stores, runs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 
     class Preempted(Exception):
         pass
@@ -338,25 +387,28 @@ _KERAS_RESUME = textwrap.dedent("""
             if self.n == 0:
                 raise Preempted
 
-    keras.utils.set_random_seed(0)
-    weights = []
-    for i, path in enumerate(stores):
-        ds = wk.open_store(path).keras_dataset("train", 16, seed=3)
-        model = keras.Sequential([keras.Input((8, 3)), keras.layers.Flatten(),
-                                  keras.layers.Dense(3, kernel_initializer="ones"),
-                                  keras.layers.Reshape((1, 3))])
-        model.compile(keras.optimizers.SGD(0.01), "mse")
-        callbacks = []
-        if backup != "-":
-            callbacks.append(ds.backup_and_restore(f"{backup}/{i}", save_freq=2))
-        if stop_after > 0:
-            callbacks.append(Preempt(stop_after))
-        try:
-            model.fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=callbacks)
-        except Preempted:
-            continue
-        weights.append([w.tolist() for w in model.get_weights()])
-    print(json.dumps(weights))
+    def fit(backup, stop_after):
+        keras.utils.set_random_seed(0)
+        weights = []
+        for i, path in enumerate(stores):
+            ds = wk.open_store(path).keras_dataset("train", 16, seed=3)
+            model = keras.Sequential([keras.Input((8, 3)), keras.layers.Flatten(),
+                                      keras.layers.Dense(3, kernel_initializer="ones"),
+                                      keras.layers.Reshape((1, 3))])
+            model.compile(keras.optimizers.SGD(0.01), "mse")
+            callbacks = []
+            if backup != "-":
+                callbacks.append(ds.backup_and_restore(f"{backup}/{i}", save_freq=2))
+            if stop_after > 0:
+                callbacks.append(Preempt(stop_after))
+            try:
+                model.fit(ds, epochs=3, shuffle=False, verbose=0, callbacks=callbacks)
+            except Preempted:
+                continue
+            weights.append([w.tolist() for w in model.get_weights()])
+        return weights
+
+    print(json.dumps([fit(backup, stop_after) for backup, stop_after in runs]))
 """)
 
 
@@ -366,7 +418,8 @@ def test_keras_fit_resumes_at_the_batch_where_it_stopped(tmp_path: Path, backend
     """``fit`` preempted twice mid-epoch (the second time during the resumed
     epoch) and restored each time in a new process from
     ``backup_and_restore(save_freq=2)`` ends with exactly the weights of an
-    uninterrupted run: the same batches, in the same order, none twice."""
+    uninterrupted run: the same batches, in the same order, none twice. (The
+    uninterrupted run shares the first preempted run's process, before it.)"""
     if backend == "jax":
         pytest.importorskip("jax")
     rng = np.random.default_rng(5)
@@ -379,19 +432,21 @@ def test_keras_fit_resumes_at_the_batch_where_it_stopped(tmp_path: Path, backend
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": str(ROOT), "TF_DETERMINISTIC_OPS": "1"}
 
-    def fit(backup: str, stop_after: int) -> list[object]:
-        proc = subprocess.run([sys.executable, str(script), json.dumps(stores), backup,
-                               str(stop_after)], capture_output=True, text=True, env=env,
+    def fit(*runs: tuple[str, int]) -> list[list[object]]:
+        """Each ``(backup, stop_after)`` run in turn, in one new process."""
+        proc = subprocess.run([sys.executable, str(script), json.dumps(stores),
+                               json.dumps(runs)], capture_output=True, text=True, env=env,
                               check=False, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "ran out of data" not in proc.stderr
         return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 
-    whole = fit("-", 0)
     backup = str(tmp_path / "backup")
-    assert fit(backup, per_epoch + 5) == []  # preempted in epoch 2, after its save at 4
-    assert fit(backup, 3) == []  # preempted again, 3 batches into the resumed epoch
-    resumed = fit(backup, 0)
+    # preempted in epoch 2, after its save at 4
+    whole, preempted = fit(("-", 0), (backup, per_epoch + 5))
+    assert preempted == []
+    assert fit((backup, 3)) == [[]]  # preempted again, 3 batches into the resumed epoch
+    [resumed] = fit((backup, 0))
     assert len(resumed) == len(whole) == len(stores)
     for got, want in zip(resumed, whole, strict=True):
         for a, b in zip(got, want, strict=True):
