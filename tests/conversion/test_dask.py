@@ -89,8 +89,14 @@ def test_the_cli_takes_a_scheduler_address(tmp_path: Path, cluster: object) -> N
     assert wk.open_store(tmp_path / "s").num_windows("train") == (3000 + 1700 + 900) - 3 * 7
 
 
-def test_a_scheduler_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
+def test_a_scheduler_that_does_not_answer_is_one_line(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
+
+    from windowkit.conversion import _dask
+
+    # Dask retries a refused connection until its timeout: 2 s here, not 10
+    monkeypatch.setattr(_dask, "CONNECT_TIMEOUT", "2s")
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
