@@ -168,7 +168,6 @@ class ReadPlan:
         return replace(self, runs=self.runs.select_positions(share.lo, share.hi), share=share,
                        split_runs=self.runs)
 
-
     def warn_if_no_batch(self, batch: BatchOptions) -> None:
         """Warn (naming the split, its windows and the batch size) when
         ``drop_remainder`` leaves an epoch of this plan without a batch: a
@@ -183,6 +182,7 @@ class ReadPlan:
                 f"batch of {batch.batch_size}: with drop_remainder=True an epoch yields no "
                 "batch; lower batch_size or pass drop_remainder=False", UserWarning,
                 stacklevel=user_stacklevel())
+
 
 class PlanSource:
     """What a store's reader methods (``tf_dataset``, ``keras_dataset``,
