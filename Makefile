@@ -17,6 +17,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]' '$(TORCH)'
+	$(BIN)/python -m windowkit.native
 	touch $(STAMP)
 
 DEMO_FORMATS := tfrecord zarr parquet

@@ -83,8 +83,9 @@ def worker_pipeline(plan: ReadPlan, *, batch_size: int, shuffle: bool, seed: int
     reader = storage.open_graph_reader(
         plan.store.path / "data", plan.store.data, plan.store.reader_setup())
     lookup = BlockWindows(plan.runs, reader.piece_first_row, reader.piece_rows)
+    # tf.gather, not windowkit's op: a remote worker has not loaded it
     cut = window_cutter(plan.spec, plan.store.normalizer() if normalize else None,
-                        plan.store.target_positions, fields)
+                        plan.store.target_positions, fields, native=False)
     row_offset = tf.constant(plan.runs.row_offset, tf.int64)
     piece_first = tf.constant(reader.piece_first_row, tf.int64)
 

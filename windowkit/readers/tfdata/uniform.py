@@ -7,17 +7,19 @@ disk and kept mapped). TensorFlow reads them where they are: each epoch, one
 ``numpy_function`` hands the held array over (no copy: the array is aligned
 for TensorFlow, which keeps a reference), so no dataset holds a second copy
 (a captured tensor would be copied into the dataset's graph by its rewrites).
-Each chunk of ``CHUNK_BATCHES`` batches is one more ``numpy_function`` call
-(:meth:`windowkit.readers.epoch.batches.EpochBatches.held_positions_at`:
-the keyed permutation, where each window starts in the held rows; small
-arrays, so the interpreter lock is held briefly), and each batch is cut from
-the rows by the same gathers as the block-group reader
-(:class:`windowkit.readers.tfdata.cut.WindowCutter`), in parallel,
-outside the interpreter: a training loop in Python (Keras ``fit``) runs beside
-it. Each iteration of the dataset reads the next epoch
-(:mod:`windowkit.readers.tfdata.epochs`), whose permutation is the one
-every reader uses for that epoch; an iterator's position is a batch number,
-so ``tf.train.Checkpoint`` saves it symbolically.
+Each chunk of ``CHUNK_BATCHES`` batches is cut at once, in parallel and
+outside the interpreter (a training loop in Python, Keras ``fit``, runs
+beside it): where its windows start in the held rows (the epoch's keyed
+permutation, in the graph for a whole split; for a shard, one
+``numpy_function`` call,
+:meth:`windowkit.readers.epoch.batches.EpochBatches.held_positions_at`:
+small arrays, so the interpreter lock is held briefly), then one window copy
+(:class:`windowkit.readers.tfdata.cut.WindowCutter`, compiled:
+:func:`windowkit.native.window_copy`); its batches are slices of the chunk.
+Each iteration of the dataset reads the next epoch
+(:mod:`windowkit.readers.tfdata.epochs`), whose permutation is the one every
+reader uses for that epoch; an iterator's position is a batch number, so
+``tf.train.Checkpoint`` saves it symbolically.
 
 A store replaced while it is read (``convert --overwrite``) is
 :class:`windowkit.errors.StoreReplacedError` at the next epoch at the latest,
@@ -35,7 +37,7 @@ import numpy as np
 
 from windowkit.readers.epoch.permutation import tf_permute
 from windowkit.readers.epoch.sampler import uniform_key
-from windowkit.readers.tfdata.cut import PREFETCH_BATCHES, WindowCutter, full_batch
+from windowkit.readers.tfdata.cut import PREFETCH_BATCHES, WindowCutter, full_batch, inline_map
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -79,7 +81,7 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
             part = tf.nest.map_structure(lambda t: t[k:k + batch_size], windows_cut)
             return full_batch(part, batch_size) if whole else part
 
-        return tf.data.Dataset.range(0, size, batch_size).map(batch_at)
+        return inline_map(tf.data.Dataset.range(0, size, batch_size), batch_at)
 
     def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
         # the held rows come in without a copy (an input keeps the call from
