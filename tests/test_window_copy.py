@@ -102,7 +102,7 @@ def test_readers_cut_the_same_batches_without_the_op(tmp_path: Path,
 def test_no_compiler_is_said_once_and_tf_gather_cuts(
         compiler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setenv("WINDOWKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("WINDOWKIT_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", compiler)
     if compiler == "false" and shutil.which("false") is None:
         pytest.skip("no `false` command")
@@ -119,7 +119,7 @@ def test_no_compiler_is_said_once_and_tf_gather_cuts(
         assert len(said) == 1 and ("compiler" in said[0].getMessage()
                                    or "failed" in said[0].getMessage())
         np.testing.assert_array_equal(out.numpy()[:, :, 0], [[1, 2], [3, 4]])
-        assert list(tmp_path.iterdir()) == []  # nothing half-built left behind
+        assert not any((tmp_path / "ops").glob("*"))  # nothing half-built left behind
     finally:
         monkeypatch.undo()
         native._library.cache_clear()

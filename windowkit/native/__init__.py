@@ -6,8 +6,8 @@ same windows (its work is per row, 64 bytes for 16 float32 columns); the op
 copies each window in one ``memcpy``. It is compiled once per TensorFlow
 install with the C++ compiler TensorFlow's own flags name
 (``tf.sysconfig``), by ``make install`` or at its first use, into a cache
-(``WINDOWKIT_CACHE_DIR``, else the user's cache directory), and loaded from
-there. Where it cannot be built (no compiler: ``CXX`` names one) or
+(``$WINDOWKIT_CACHE/ops``, else ``~/.cache/windowkit/ops``), and loaded
+from there. Where it cannot be built (no compiler: ``CXX`` names one) or
 ``WINDOWKIT_NATIVE=0``, :func:`window_copy` is the same ``tf.gather``, said
 once in the log.
 """
@@ -33,10 +33,9 @@ _log = logging.getLogger("windowkit")
 
 
 def cache_dir() -> Path:
-    """Where built ops are kept: ``WINDOWKIT_CACHE_DIR``, else the user's cache."""
-    import platformdirs
-
-    return Path(os.environ.get("WINDOWKIT_CACHE_DIR") or platformdirs.user_cache_dir("windowkit"))
+    """Where built ops are kept: ``$WINDOWKIT_CACHE`` or ``~/.cache/windowkit``
+    (as a remote conversion's mirror), ``ops/``."""
+    return Path(os.environ.get("WINDOWKIT_CACHE") or Path.home() / ".cache" / "windowkit") / "ops"
 
 
 def _compiler() -> str | None:
@@ -101,12 +100,12 @@ def _library() -> Any | None:
         compiler = _compiler()
         path = library_path(compiler) if compiler else None
         if path is None or not path.exists():
-            _log.info("windowkit: compiling its window copy for TensorFlow %s (once)",
+            _log.info("compiling the window copy op for TensorFlow %s (once)",
                       tf.__version__)
             path = build(compiler)
         return tf.load_op_library(str(path))
     except (BuildError, OSError, tf.errors.OpError) as error:
-        _log.warning("windowkit: tf.data readers copy windows with tf.gather (about twice "
+        _log.warning("tf.data readers copy windows with tf.gather (about twice "
                      "the CPU per window): the compiled window copy is not available: %s",
                      error)
         return None
