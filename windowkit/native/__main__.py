@@ -1,4 +1,4 @@
-"""``python -m windowkit.native``: compile the window copy op now."""
+"""``python -m windowkit.native``: compile windowkit's ops now."""
 
 import os
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from windowkit.native import epoch_starts
 from windowkit.readers.epoch.permutation import tf_permute
 from windowkit.readers.epoch.sampler import uniform_key
 from windowkit.readers.tfdata.cut import PREFETCH_BATCHES, WindowCutter, full_batch, inline_map
@@ -104,16 +105,18 @@ class _GraphPositions:
     """Where the windows at epoch positions ``[lo, hi)`` start in the held
     rows, and their series, computed in the graph (no Python while an epoch
     is read: a training loop in Python never waits on the interpreter lock
-    for it): the epoch's keyed permutation
-    (:func:`windowkit.readers.epoch.permutation.tf_permute`, the NumPy readers' numbers),
-    the runs of the index, the blocks' places in the held rows. For a whole
+    for it): the epoch's keyed permutation (the NumPy readers' numbers), the
+    runs of the index, the blocks' places in the held rows, in one compiled
+    op (:func:`windowkit.native.epoch_starts`), else in TensorFlow's ops
+    (:func:`windowkit.readers.epoch.permutation.tf_permute`). For a whole
     split; a shard's order is :class:`_PythonPositions`'."""
 
     def __init__(self, batches: EpochBatches) -> None:
         import tensorflow as tf
 
         runs, held = batches.plan.whole_split, batches.held_rows()
-        self._total, self._stride, self._block_rows = runs.total, runs.stride, held.block_rows
+        self._total, self._stride = int(runs.total), int(runs.stride)
+        self._block_rows = int(held.block_rows)
         self._run_first = tf.constant(runs.cumulative[:-1], tf.int64)
         self._run_start = tf.constant(runs.global_first, tf.int64)
         self._run_series = tf.constant(runs.series, tf.int32)
@@ -121,6 +124,14 @@ class _GraphPositions:
 
     def __call__(self, epoch: tf.Tensor, key: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor
                  ) -> tuple[tf.Tensor, tf.Tensor]:
+        compiled = epoch_starts(lo, hi, key, size=self._total, run_first=self._run_first,
+                                run_start=self._run_start, run_series=self._run_series,
+                                stride=self._stride, block_base=self._block_base,
+                                block_rows=self._block_rows)
+        return compiled if compiled is not None else self._in_graph(key, lo, hi)
+
+    def _in_graph(self, key: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor
+                  ) -> tuple[tf.Tensor, tf.Tensor]:
         import tensorflow as tf
 
         positions = tf_permute(tf.range(lo, hi), self._total, key)

@@ -1,7 +1,9 @@
-"""The compiled window copy (``windowkit.native``): the windows ``tf.gather``
-cuts, for every shape, dtype, length and step; a start outside the rows is an
-error; where the op cannot be built, readers cut the same batches with
-``tf.gather``, said once in the log."""
+"""windowkit's compiled ops (``windowkit.native``): the window copy cuts the
+windows ``tf.gather`` cuts, for every shape, dtype, length and step; the
+epoch starts are the NumPy readers' numbers (keyed permutation, runs with
+gaps, held blocks); a start outside the rows is an error; where the ops
+cannot be built, readers cut the same batches with TensorFlow's own ops,
+said once in the log."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from hypothesis import strategies as st
 
 import windowkit as wk
 from windowkit import native
+from windowkit.index import WindowRuns
+from windowkit.readers import index_shuffle
 
 DTYPES = [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int16, np.int32,
           np.int64, np.uint32, np.bool_]
@@ -77,6 +81,82 @@ def test_shapes_are_known_in_a_graph() -> None:
     assert cut(tf.zeros([20, 3, 2]), tf.constant([0, 5], tf.int64)).shape == (2, 4, 3, 2)
 
 
+@st.composite
+def held_layouts(draw: st.DrawFn) -> tuple[WindowRuns, int, np.ndarray]:
+    """Runs of windows with gaps over a few series, the held blocks' rows, and
+    where each block lands in the held rows (-1: a block without windows)."""
+    stride = draw(st.integers(1, 3))
+    block_rows = draw(st.integers(1, 16))
+    series, first, count, offsets, rows = [], [], [], [], 0
+    for sid, n in enumerate(draw(st.lists(st.integers(1, 40), min_size=1, max_size=4))):
+        offsets.append(rows)
+        start = draw(st.integers(0, 3))
+        while start < n:
+            run = draw(st.integers(1, 1 + (n - start - 1) // stride))
+            series.append(sid)
+            first.append(start)
+            count.append(run)
+            start += (run - 1) * stride + 1 + draw(st.integers(0, 6))
+        rows += n
+    runs = WindowRuns(np.array(series, np.int32), np.array(first, np.int64),
+                      np.array(count, np.int64), stride, np.array(offsets, np.int64))
+    blocks = -(-rows // block_rows)
+    held = np.unique(runs.global_starts(np.arange(runs.total)) // block_rows)
+    base = np.full(blocks, -1, np.int64)
+    order = np.random.default_rng(draw(st.integers(0, 2**16))).permutation(len(held))
+    base[held[order]] = np.arange(len(held)) * block_rows  # held in any order
+    return runs, block_rows, base
+
+
+def _epoch_starts(runs: WindowRuns, block_rows: int, base: np.ndarray, key: int, lo: int,
+                  hi: int) -> tuple[tf.Tensor, tf.Tensor] | None:
+    return native.epoch_starts(
+        tf.constant(lo, tf.int64), tf.constant(hi, tf.int64), tf.constant(key, tf.uint64),
+        size=runs.total, run_first=tf.constant(runs.cumulative[:-1]),
+        run_start=tf.constant(runs.global_first), run_series=tf.constant(runs.series),
+        stride=runs.stride, block_base=tf.constant(base), block_rows=block_rows)
+
+
+@needs_compiler
+@settings(max_examples=80, deadline=None)
+@given(layout=held_layouts(), key=st.integers(0, 2**64 - 1), data=st.data())
+def test_epoch_starts_are_the_numpy_readers(layout: tuple[WindowRuns, int, np.ndarray],
+                                            key: int, data: st.DataObject) -> None:
+    runs, block_rows, base = layout
+    lo = data.draw(st.integers(0, runs.total))
+    hi = data.draw(st.integers(lo, runs.total))
+    positions = index_shuffle(np.arange(lo, hi), runs.total, np.uint64(key))
+    starts, series = runs.global_starts_and_series(positions)
+    block = starts // block_rows
+    out = _epoch_starts(runs, block_rows, base, key, lo, hi)
+    assert out is not None
+    np.testing.assert_array_equal(out[0].numpy(), base[block] + starts - block * block_rows)
+    np.testing.assert_array_equal(out[1].numpy(), series)
+
+
+@needs_compiler
+@pytest.mark.parametrize("size", [1, 2, 5, 4097, 3_200_000, 2**40 + 3])
+def test_epoch_starts_permute_as_numpy_at_any_size(size: int) -> None:
+    runs = WindowRuns(np.zeros(1, np.int32), np.zeros(1, np.int64), np.array([size]), 1,
+                      np.zeros(1, np.int64))
+    lo = max(0, size - 3000)
+    for key in (0, 1, 2**64 - 1, 0x5DEECE66D):
+        out = _epoch_starts(runs, 2**62, np.zeros(1, np.int64), key, lo, size)
+        assert out is not None
+        np.testing.assert_array_equal(out[0].numpy(),
+                                      index_shuffle(np.arange(lo, size), size, np.uint64(key)))
+
+
+@needs_compiler
+def test_epoch_starts_refuse_a_block_not_held() -> None:
+    runs = WindowRuns(np.zeros(1, np.int32), np.zeros(1, np.int64), np.array([8]), 1,
+                      np.zeros(1, np.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not held"):
+        _epoch_starts(runs, 4, np.array([0, -1]), 7, 0, 8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not within"):
+        _epoch_starts(runs, 4, np.array([0, 4]), 7, 4, 9)
+
+
 def _epoch(store: wk.Store) -> list[tuple[np.ndarray, np.ndarray]]:
     ds = store.tf_dataset("train", 7, shuffle=True, seed=3)
     return [(x.numpy(), y.numpy()) for x, y in ds]
@@ -115,7 +195,7 @@ def test_no_compiler_is_said_once_and_tf_gather_cuts(
             assert not native.available() and not native.available()
             out = native.window_copy(tf.constant(np.arange(6.0).reshape(6, 1)),
                                      tf.constant([1, 3], tf.int64), 2)
-        said = [r for r in caplog.records if "tf.gather" in r.getMessage()]
+        said = [r for r in caplog.records if "not available" in r.getMessage()]
         assert len(said) == 1 and ("compiler" in said[0].getMessage()
                                    or "failed" in said[0].getMessage())
         np.testing.assert_array_equal(out.numpy()[:, :, 0], [[1, 2], [3, 4]])
