@@ -235,3 +235,23 @@ def test_reader_flags_must_be_bools(numbered_store: tuple[wk.Store, list[np.ndar
     store, _ = numbered_store
     with pytest.raises(InvalidSpecError, match="normalize must be True or False, got 'zscore'"):
         getattr(store, reader)("train", 32, normalize="zscore")
+
+
+@pytest.mark.parametrize("fmt", ["zarr"])
+@pytest.mark.parametrize("chunk_bytes", [1, 3 * 37 * 8 * 3 * 4 + 5], ids=["one batch", "three"])
+def test_large_batches_are_cut_fewer_at_a_time(numbered_store: tuple[wk.Store, list[np.ndarray]],
+                                               chunk_bytes: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches whose chunk of 16 would pass ``CHUNK_BYTES`` are cut a few at a
+    time: the same batches, in the same order, with a shorter last chunk."""
+    from windowkit.readers.tfdata import uniform
+
+    store, _ = numbered_store
+    want = list(store.tf_dataset("train", 37, shuffle="global", seed=5))
+    monkeypatch.setattr(uniform, "CHUNK_BYTES", chunk_bytes)
+    assert uniform.chunk_batches(37 * SPEC.steps * 3 * 4) == (1 if chunk_bytes == 1 else 3)
+    got = list(store.tf_dataset("train", 37, shuffle="global", seed=5))
+    assert len(got) == len(want) and len(want) % 3 != 0  # a last chunk of fewer batches
+    for (x1, y1), (x2, y2) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(x1.numpy(), x2.numpy())
+        np.testing.assert_array_equal(y1.numpy(), y2.numpy())

@@ -154,7 +154,9 @@ def split_dataset(plan: ReadPlan, batch: BatchOptions, order: ShuffleOptions, *,
         ds = counter.epochs(one_epoch, epochs, guard)
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             tf.data.INFINITE_CARDINALITY if epochs is None else batches * epochs))
-        ds = ds.prefetch(PREFETCH_BATCHES).with_options(checkpoint_options())
+        if not choice.uniform:  # a uniform epoch's chunks are cut ahead already
+            ds = ds.prefetch(PREFETCH_BATCHES)
+        ds = ds.with_options(checkpoint_options())
         return ds if device is None else prefetch_to_device(ds, device)
 
     return epoched(build, EpochCounter(epoch), saved)

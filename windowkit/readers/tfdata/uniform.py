@@ -7,15 +7,18 @@ disk and kept mapped). TensorFlow reads them where they are: each epoch, one
 ``numpy_function`` hands the held array over (no copy: the array is aligned
 for TensorFlow, which keeps a reference), so no dataset holds a second copy
 (a captured tensor would be copied into the dataset's graph by its rewrites).
-Each chunk of ``CHUNK_BATCHES`` batches is cut at once, in parallel and
+Each chunk of batches (:func:`chunk_batches`) is cut at once, in parallel and
 outside the interpreter (a training loop in Python, Keras ``fit``, runs
 beside it): where its windows start in the held rows (the epoch's keyed
-permutation, in the graph for a whole split; for a shard, one
-``numpy_function`` call,
-:meth:`windowkit.readers.epoch.batches.EpochBatches.held_positions_at`:
+permutation, compiled for a whole split,
+:func:`windowkit.native.epoch_starts`; for a shard, one ``numpy_function``
+call, :meth:`windowkit.readers.epoch.batches.EpochBatches.held_positions_at`:
 small arrays, so the interpreter lock is held briefly), then one window copy
 (:class:`windowkit.readers.tfdata.cut.WindowCutter`, compiled:
-:func:`windowkit.native.window_copy`); its batches are slices of the chunk.
+:func:`windowkit.native.window_copy`). The chunks are cut ahead of the
+consumer (the parallel map's buffer is the pipeline's prefetch); its batches
+are slices of a chunk, taken in the consumer's own thread (no copy, and no
+hand-over to a prefetch thread: measured, a quarter of the CPU per batch).
 Each iteration of the dataset reads the next epoch
 (:mod:`windowkit.readers.tfdata.epochs`), whose permutation is the one every
 reader uses for that epoch; an iterator's position is a batch number, so
@@ -38,14 +41,16 @@ import numpy as np
 from windowkit.native import epoch_starts
 from windowkit.readers.epoch.permutation import tf_permute
 from windowkit.readers.epoch.sampler import uniform_key
-from windowkit.readers.tfdata.cut import PREFETCH_BATCHES, WindowCutter, full_batch, inline_map
+from windowkit.readers.tfdata.cut import WindowCutter, full_batch, inline_map
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from windowkit.readers.epoch.batches import EpochBatches
 
-CHUNK_BATCHES = 16  # batches cut at once (and, for a shard, one numpy_function call)
+CHUNK_BATCHES = 16  # batches cut at once (and, for a shard, one numpy_function call) ...
+CHUNK_BYTES = 8 << 20  # ... fewer where 16 batches would be more bytes than this
+CHUNKS_AHEAD = 2  # chunks cut at once, ahead of the consumer (about 2x this many held)
 
 MakeEpoch = Callable[["tf.Tensor"], "tf.data.Dataset"]  # an epoch -> its batches
 
@@ -61,7 +66,7 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
     norm = plan.store.normalizer() if batches.batch.normalize else None
     cutter = WindowCutter(plan.spec, norm, plan.store.target_positions, batches.fields)
     with_series = batches.fields.series
-    chunk = CHUNK_BATCHES * batch_size
+    chunk = chunk_batches(plan.spec.steps * plan.layout.row_bytes * batch_size) * batch_size
     total = batches.windows_per_epoch
     windows = batches.batches_per_epoch * batch_size if batches.batch.drop_remainder else total
     whole = batches.batch.drop_remainder or total % batch_size == 0  # every batch full
@@ -77,7 +82,7 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
         return tf.size(at, out_type=tf.int64), cutter(cutter.prepare(rows_in, narrow=False), at,
                                                       series if with_series else None)
 
-    def chunk_batches(size: tf.Tensor, windows_cut: Any) -> tf.data.Dataset:
+    def sliced_batches(size: tf.Tensor, windows_cut: Any) -> tf.data.Dataset:
         def batch_at(k: tf.Tensor) -> Any:
             part = tf.nest.map_structure(lambda t: t[k:k + batch_size], windows_cut)
             return full_batch(part, batch_size) if whole else part
@@ -95,10 +100,16 @@ def uniform_epochs(batches: EpochBatches) -> MakeEpoch:
         key.set_shape([])
         chunks = tf.data.Dataset.range(0, windows, chunk)
         return chunks.map(lambda lo: cut_chunk(lo, epoch, rows_in, key),
-                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-                          ).flat_map(chunk_batches)
+                          num_parallel_calls=CHUNKS_AHEAD, deterministic=True
+                          ).flat_map(sliced_batches)
 
     return one_epoch
+
+
+def chunk_batches(batch_bytes: int) -> int:
+    """Batches cut at once: ``CHUNK_BATCHES``, fewer for batches of over
+    ``CHUNK_BYTES / CHUNK_BATCHES`` bytes (at least one)."""
+    return max(1, min(CHUNK_BATCHES, CHUNK_BYTES // max(1, batch_bytes)))
 
 
 class _GraphPositions:
@@ -174,4 +185,4 @@ def uniform_dataset(batches: EpochBatches, epoch: int = 0) -> tf.data.Dataset:
     # the epoch as an element, not a constant: a constant would fold the held
     # rows into the graph (a copy)
     epochs = tf.data.Dataset.from_tensors(tf.constant(epoch, tf.int64))
-    return epochs.flat_map(uniform_epochs(batches)).prefetch(PREFETCH_BATCHES)
+    return epochs.flat_map(uniform_epochs(batches))
