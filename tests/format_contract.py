@@ -348,18 +348,24 @@ class FormatTests:
         runs once per group of blocks (a stateless numpy_function reading them),
         or, for a format read in the graph, only to check that the parts a
         group reads are regular files (a parallel interleave of its files reads
-        them). A uniform shuffle's order is in the graph too (its
-        permutation's Feistel rounds), Python handing over the held rows once
-        an epoch."""
+        them). A uniform shuffle's order is in the graph too (windowkit's
+        compiled op, else its permutation's Feistel rounds), Python handing
+        over the held rows once an epoch. Windows are cut by the compiled
+        window copy, else by gathers."""
+        from windowkit import native
+
+        compiled = native.available()
         store = wk.convert(random_series([500, 300]), tmp_path / "s", format=fmt,
                            window=wk.WindowSpec(8, horizon=1), block_rows=64, parts=2)
         for shuffle in ("blocks", True):
             ops = graph_ops(store.tf_dataset("train", 32, shuffle=shuffle, normalize=True))
             assert not {op for op in ops if "Generator" in op}
-            assert "GatherV2" in ops
+            assert ("WindowkitWindowCopy" if compiled else "GatherV2") in ops
             assert "LookupTableFindV2" in ops  # the epoch, from the reader's counter
             if shuffle is True:
-                assert {"PyFuncStateless", "BitwiseXor", "UpperBound"} <= ops
+                assert "PyFuncStateless" in ops
+                assert ({"WindowkitEpochStarts"} if compiled else {"BitwiseXor", "UpperBound"}
+                        ) <= ops
             elif self.reads_groups_in_graph:  # Python checks the parts a group reads, no more
                 assert {op for op in ops if "PyFunc" in op} == {"PyFunc"}
                 assert {op for op in ops if op.startswith("ParallelInterleaveDataset")}
