@@ -94,8 +94,8 @@ class Measure:
 
 
 def _cpu() -> float:
-    times = os.times()
-    return times.user + times.system
+    """The process's CPU time so far (user + system, every thread)."""
+    return time.process_time()
 
 
 # -- the data -----------------------------------------------------------------------

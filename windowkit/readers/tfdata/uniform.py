@@ -15,10 +15,10 @@ permutation, compiled for a whole split,
 call, :meth:`windowkit.readers.epoch.batches.EpochBatches.held_positions_at`:
 small arrays, so the interpreter lock is held briefly), then one window copy
 (:class:`windowkit.readers.tfdata.cut.WindowCutter`, compiled:
-:func:`windowkit.native.window_copy`). The chunks are cut ahead of the
-consumer (the parallel map's buffer is the pipeline's prefetch); its batches
-are slices of a chunk, taken in the consumer's own thread (no copy, and no
-hand-over to a prefetch thread: measured, a quarter of the CPU per batch).
+:func:`windowkit.native.window_copy`); ``CHUNKS_AHEAD`` chunks are cut at
+once. Batches are slices of a chunk (no copy), sliced in the thread that asks
+for them; the reader's autotuned ``prefetch`` keeps them ahead of the
+consumer.
 Each iteration of the dataset reads the next epoch
 (:mod:`windowkit.readers.tfdata.epochs`), whose permutation is the one every
 reader uses for that epoch; an iterator's position is a batch number, so
@@ -185,4 +185,4 @@ def uniform_dataset(batches: EpochBatches, epoch: int = 0) -> tf.data.Dataset:
     # the epoch as an element, not a constant: a constant would fold the held
     # rows into the graph (a copy)
     epochs = tf.data.Dataset.from_tensors(tf.constant(epoch, tf.int64))
-    return epochs.flat_map(uniform_epochs(batches))
+    return epochs.flat_map(uniform_epochs(batches)).prefetch(tf.data.AUTOTUNE)
