@@ -120,14 +120,16 @@ def available() -> bool:
     return _library() is not None
 
 
-def window_copy(rows: tf.Tensor, starts: tf.Tensor, length: int, step: int = 1) -> tf.Tensor:
+def window_copy(rows: tf.Tensor, starts: tf.Tensor, length: int, step: int = 1, *,
+                compiled: bool = True) -> tf.Tensor:
     """``windows[i, k] = rows[starts[i] + k * step]`` for ``k < length``:
     ``[len(starts), length, *rows.shape[1:]]``, each window copied whole
-    (``tf.gather`` where the op is not available); a start whose window
-    leaves the rows is an ``InvalidArgumentError``."""
+    (``tf.gather`` where the op is not available, or with ``compiled=False``:
+    for graphs run where the op is not loaded); a start whose window leaves
+    the rows is an ``InvalidArgumentError``."""
     import tensorflow as tf
 
-    library = _library()
+    library = _library() if compiled else None
     starts = tf.cast(starts, tf.int64)
     if library is None:
         offsets = tf.range(length, dtype=tf.int64) * step

@@ -65,12 +65,8 @@ class WindowCutter:
     def _windows(self, rows: tf.Tensor, starts: tf.Tensor, offsets: np.ndarray) -> tf.Tensor:
         """``rows[starts[:, None] + offsets]`` (``offsets``: the window's inputs
         or horizon rows, evenly spaced by the sampling rate)."""
-        import tensorflow as tf
-
-        if not self._native:
-            return tf.gather(rows, starts[:, None] + tf.constant(offsets, tf.int64))
         first = int(offsets[0]) if len(offsets) else 0
-        return window_copy(rows, starts + first, len(offsets), self._step)
+        return window_copy(rows, starts + first, len(offsets), self._step, compiled=self._native)
 
     def _horizon_parts(self, prepared: tuple[tf.Tensor, ...], starts: tf.Tensor
                        ) -> tuple[tf.Tensor, tf.Tensor | None]:
